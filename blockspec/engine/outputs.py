@@ -1,0 +1,80 @@
+"""What the engine hands back: per-step deltas (for streaming) and finished outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecMetrics:
+    """Speculative-decoding counters of one request (REFERENCE §4 conventions).
+
+    accept_length = committed tokens per verify step, bonus included.
+    accepted_per_position[k] = steps whose draft position k (0-based) was accepted.
+    """
+
+    algorithm: str = "none"
+    verify_steps: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    committed_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    @property
+    def accept_length(self) -> float:
+        return self.committed_tokens / self.verify_steps if self.verify_steps else 0.0
+
+    def record_step(self, drafted: int, accepted: int, committed: int) -> None:
+        self.verify_steps += 1
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+        self.committed_tokens += committed
+        if len(self.accepted_per_position) < drafted:
+            self.accepted_per_position.extend([0] * (drafted - len(self.accepted_per_position)))
+        for k in range(accepted):
+            self.accepted_per_position[k] += 1
+
+    def merge(self, other: "SpecMetrics") -> None:
+        self.verify_steps += other.verify_steps
+        self.drafted_tokens += other.drafted_tokens
+        self.accepted_tokens += other.accepted_tokens
+        self.committed_tokens += other.committed_tokens
+        n = max(len(self.accepted_per_position), len(other.accepted_per_position))
+        self.accepted_per_position.extend([0] * (n - len(self.accepted_per_position)))
+        for k, c in enumerate(other.accepted_per_position):
+            self.accepted_per_position[k] += c
+
+    def to_dict(self) -> dict:
+        return {
+            "algorithm": self.algorithm,
+            "verify_steps": self.verify_steps,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "accept_length": round(self.accept_length, 4),
+        }
+
+
+@dataclass
+class StepOutput:
+    """What one engine step produced for one request: a delta for streaming."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    metrics: SpecMetrics
+
+
+@dataclass
+class RequestOutput:
+    """A finished request, as `LLM.generate` returns it."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    metrics: SpecMetrics

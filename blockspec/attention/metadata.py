@@ -1,0 +1,71 @@
+"""Batch metadata for one attention step over the paged cache (see docs/design.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionBatch:
+    """A padded batch: row b has `prefix_lens[b]` cached tokens and `new_lens[b]` new ones.
+
+    slots      [B, Q]    where each new token's K/V is written (padding → page 0)
+    page_table [B, P]    pages of each row, padded with 0
+    prefix_lens [B]      tokens already in the cache
+    new_lens   [B]       valid new tokens (≤ Q)
+    new_mask   [B, Q, Q] new token i sees new token j
+    The new tokens occupy cache positions prefix_len … prefix_len + new_len − 1 in order.
+    """
+
+    slots: torch.Tensor
+    page_table: torch.Tensor
+    prefix_lens: torch.Tensor
+    new_lens: torch.Tensor
+    new_mask: torch.Tensor
+
+    def visibility(self, page_size: int, sliding_window: int | None = None,
+                   positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Boolean mask `[B, 1, Q, P * page_size]`: query i may attend to gathered key j."""
+        return visibility_mask(self.prefix_lens, self.new_lens, self.new_mask,
+                               self.page_table.shape[1] * page_size, sliding_window, positions)
+
+
+def visibility_mask(prefix_lens: torch.Tensor, new_lens: torch.Tensor, new_mask: torch.Tensor,
+                    num_keys: int, sliding_window: int | None = None,
+                    query_positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Key j is visible to query i when j is cached (j < prefix) or is a new token the mask allows.
+
+    With a sliding window, keys more than `window − 1` positions before the query are hidden
+    (key positions of cached tokens are their indices; new tokens' come from query_positions).
+    Padded query rows see key 0 only, so softmax never meets an all-masked row.
+    """
+    B, Q, _ = new_mask.shape
+    device = new_mask.device
+    j = torch.arange(num_keys, device=device)
+    rel = j[None, :] - prefix_lens[:, None]                      # [B, K] index among new tokens
+    is_cached = rel < 0
+    is_new = (rel >= 0) & (rel < new_lens[:, None])
+    rel_idx = rel.clamp(0, Q - 1)[:, None, :].expand(B, Q, num_keys)
+    new_visible = new_mask.gather(2, rel_idx) & is_new[:, None, :]
+    visible = is_cached[:, None, :] | new_visible
+    if sliding_window is not None:
+        if query_positions is None:
+            raise ValueError("sliding window needs query positions")
+        key_pos = torch.where(is_new, query_positions.gather(1, rel.clamp(0, Q - 1)), j[None, :])
+        visible &= (query_positions[:, :, None] - key_pos[:, None, :]) < sliding_window
+    query_valid = torch.arange(Q, device=device)[None, :] < new_lens[:, None]
+    pad_row = (~query_valid)[:, :, None] & (j == 0)[None, None, :]
+    visible = torch.where(query_valid[:, :, None], visible, pad_row)
+    return visible[:, None]
+
+
+def causal_new_mask(batch: int, q: int, device) -> torch.Tensor:
+    """Prefill / chain verify: each new token sees the new tokens before it and itself."""
+    return torch.ones(q, q, dtype=torch.bool, device=device).tril().expand(batch, q, q)
+
+
+def full_new_mask(batch: int, q: int, device) -> torch.Tensor:
+    """DFlash block drafting: the block attends to itself bidirectionally."""
+    return torch.ones(batch, q, q, dtype=torch.bool, device=device)

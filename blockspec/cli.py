@@ -1,0 +1,135 @@
+"""`blockspec` command line: generate, serve (and more as they land).
+
+Bad arguments print a message and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for: reported as a message, exit code 2."""
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def add_model_arguments(p: argparse.ArgumentParser, model_required: bool) -> None:
+    p.add_argument("--model", required=model_required, help="model directory (Hugging Face format)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--draft-model", default=None, help="drafter directory (DFlash, z-lab format)")
+    p.add_argument("--spec", default=None, choices=["none", "ngram", "dflash", "ddtree"])
+    p.add_argument("--block-size", type=_positive_int, default=None)
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--ignore-eos", action="store_true")
+
+
+def sampling_params_from_args(args):
+    from blockspec.sampling import SamplingParams
+    try:
+        return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                              min_p=args.min_p, max_tokens=args.max_tokens, seed=args.seed,
+                              ignore_eos=args.ignore_eos)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+
+
+def build_llm(args):
+    from blockspec.llm import LLM
+    try:
+        return LLM(model=args.model, dtype=args.dtype, device=args.device, draft_model=args.draft_model,
+                   spec=args.spec, block_size=args.block_size)
+    except (ValueError, FileNotFoundError) as e:
+        raise UsageError(str(e)) from e
+
+
+def cmd_generate(args) -> int:
+    params = sampling_params_from_args(args)
+    llm = build_llm(args)
+    try:
+        out = llm.generate(args.prompt, params)[0]
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    metrics = out.metrics.to_dict()
+    if args.json:
+        print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
+                          "spec_decoding": metrics}))
+    else:
+        print(out.text)
+        if out.metrics.algorithm != "none":
+            print(f"[spec {metrics['algorithm']}] accept_length={metrics['accept_length']:.3f} "
+                  f"verify_steps={metrics['verify_steps']} drafted_tokens={metrics['drafted_tokens']} "
+                  f"accepted_tokens={metrics['accepted_tokens']}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="blockspec", description="Speculative-decoding LLM engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate a completion for one prompt")
+    add_model_arguments(gen, model_required=False)
+    gen.add_argument("--prompt", required=True)
+    add_sampling_arguments(gen)
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.set_defaults(func=cmd_generate)
+
+    try:
+        from blockspec.server.cli import add_serve_arguments
+    except ImportError:
+        add_serve_arguments = None
+    if add_serve_arguments is not None:
+        serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+        add_serve_arguments(serve)
+        serve.set_defaults(func=cmd_serve)
+    return parser
+
+
+def cmd_serve(args) -> int:
+    from blockspec.server.cli import run_serve
+
+    def build_engine(a):
+        from blockspec.engine.engine import Engine, EngineConfig
+        if a.model is None:
+            from blockspec.bundled import default_model
+            model, draft, spec = default_model(a.draft_model, a.spec)
+        else:
+            model, draft, spec = a.model, a.draft_model, a.spec
+        kwargs = {k: getattr(a, k) for k in ("max_running_requests", "kv_cache_tokens")
+                  if getattr(a, k, None) is not None}
+        return Engine(EngineConfig(model=model, dtype=a.dtype, device=a.device, spec=spec or "none",
+                                   draft_model=draft, block_size=a.block_size, **kwargs))
+    try:
+        return run_serve(args, build_engine) or 0
+    except (ValueError, FileNotFoundError) as e:
+        raise UsageError(str(e)) from e
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        print(f"blockspec {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""The engine: requests in, per-step outputs out.
+
+request → scheduler → runner → model → drafter/verifier → output. This file composes them
+and owns what happens on the host after a step: committing tokens, stops, detokenization.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from blockspec.config import ModelConfig
+from blockspec.engine.outputs import SpecMetrics, StepOutput
+from blockspec.engine.runner import ModelRunner, StepResult
+from blockspec.engine.scheduler import Scheduler
+from blockspec.engine.sequence import Sequence, Status
+from blockspec.engine.stops import first_stop_string, stop_prefix_holdback, token_stop_reason
+from blockspec.kv.allocator import PageAllocator, PageTable
+from blockspec.kv.cache import KVCache
+from blockspec.models.loader import load_target, parse_device, parse_dtype
+from blockspec.sampling import SamplingParams, draw_uniforms, make_generator
+from blockspec.spec.tree import chain_tree
+from blockspec.tokenizer import Tokenizer
+
+SPEC_ALGORITHMS = ("none", "ngram", "dflash", "ddtree")
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    spec: str = "none"
+    draft_model: str | None = None
+    block_size: int | None = None
+    max_running_requests: int = 64
+    kv_cache_tokens: int | None = None
+    page_size: int = 16
+    max_model_len: int | None = None
+    max_prefill_tokens: int = 2048
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.spec not in SPEC_ALGORITHMS:
+            raise ValueError(f"spec must be one of {', '.join(SPEC_ALGORITHMS)}, got {self.spec!r}")
+        for name in ("max_running_requests", "page_size", "max_prefill_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.page_size:
+            raise ValueError("kv_cache_tokens must hold at least one page")
+        if self.block_size is not None and self.block_size < 1:
+            raise ValueError("block_size must be positive")
+        parse_dtype(self.dtype)
+        parse_device(self.device)
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_tokens_used: int
+    kv_tokens_total: int
+
+
+@dataclass
+class _RequestState:
+    """Host-side output state of one request: detokenizer and text already streamed."""
+
+    seq: Sequence
+    detok: object
+    stop_ids: set[int]
+    text: str = ""          # all text decoded so far (stop strings cut)
+    emitted: int = 0        # characters of `text` already handed out
+    pending_tokens: list[int] = field(default_factory=list)
+
+
+class Engine:
+    """Synchronous engine; one thread drives it (the server wraps it in a background thread)."""
+
+    def __init__(self, config: EngineConfig):
+        config.validate()
+        self.config = config
+        self.device = parse_device(config.device)
+        self.model_config = ModelConfig.load(config.model)
+        self.model = load_target(config.model, config.dtype, self.device)
+        self.tokenizer = Tokenizer.load(config.model)
+        self.model_name = Path(config.model).name
+        self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
+        self.spec_algorithm = config.spec
+        self.proposer = None
+        if config.spec != "none":
+            from blockspec.spec.proposers import build_proposer  # speculative decoding (issue 3)
+            self.proposer = build_proposer(config, self)
+            self.proposer.load(self)
+        # Cache positions a decode step writes past the committed length: the verify width and
+        # the drafter's block.
+        lookahead = max(1 + self.proposer.max_nodes, self.proposer.block_size) if self.proposer else 1
+        self.lookahead = lookahead
+        kv_tokens = config.kv_cache_tokens or min(config.max_running_requests * self.max_model_len, 32768)
+        num_pages = kv_tokens // config.page_size + 1  # + reserved page 0
+        self.allocator = PageAllocator(num_pages, config.page_size)
+        mc = self.model_config
+        dtype = parse_dtype(config.dtype)
+        self.cache = KVCache(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads, mc.head_dim, dtype, self.device)
+        capture = self.proposer.target_layer_ids if self.proposer else ()
+        self.runner = ModelRunner(self.model, self.cache, self.device, tuple(capture))
+        self.scheduler = Scheduler(self.allocator, config.max_running_requests, config.max_prefill_tokens, lookahead)
+        self.fallback_generator = torch.Generator().manual_seed(config.seed)
+        self.eos_ids = set(self.tokenizer.eos_token_ids) | set(mc.eos_token_ids)
+        self._requests: dict[str, _RequestState] = {}
+        self._arrivals = 0
+        if self.proposer:
+            self.proposer.allocate_cache(self.cache)
+
+    # ---- requests -------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if request_id in self._requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        if not prompt_token_ids:
+            raise ValueError("prompt is empty")
+        vocab = self.model_config.vocab_size
+        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        total = len(prompt_token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) "
+                             f"exceeds the context length of {self.max_model_len} tokens")
+        capacity = self.allocator.num_usable_pages * self.allocator.page_size
+        if total + self.lookahead > capacity:
+            raise ValueError(f"prompt + max_tokens ({total}) does not fit the K/V cache ({capacity} tokens)")
+        seq = Sequence(request_id, list(prompt_token_ids), params, PageTable(self.allocator.page_size),
+                       make_generator(params.seed), self._arrivals,
+                       metrics=SpecMetrics(algorithm=self.spec_algorithm))
+        self._arrivals += 1
+        stop_ids = set(params.stop_token_ids or []) | (set() if params.ignore_eos else self.eos_ids)
+        self._requests[request_id] = _RequestState(seq, self.tokenizer.detokenizer(list(prompt_token_ids)), stop_ids)
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> None:
+        state = self._requests.pop(request_id, None)
+        if state is not None:
+            self.scheduler.remove(state.seq)
+            state.seq.status = Status.FINISHED
+            state.seq.finish_reason = "abort"
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    def stats(self) -> EngineStats:
+        page = self.allocator.page_size
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting),
+                           self.allocator.num_used_pages * page, self.allocator.num_usable_pages * page)
+
+    # ---- one step -------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        scheduled = self.scheduler.schedule()
+        if scheduled is None:
+            return []
+        seqs = scheduled.seqs
+        if scheduled.kind == "prefill":
+            samples = [s.num_cached + n == s.prefill_target and s.num_output == 0
+                       for s, n in zip(seqs, scheduled.chunk_lens)]
+            uniforms = self._uniforms(seqs, 1, samples)
+            tokens, features, batch, positions = self.runner.prefill(seqs, scheduled.chunk_lens, samples, uniforms)
+            if self.proposer:
+                self.proposer.on_prefill(seqs, features, batch, positions)
+            for s, n in zip(seqs, scheduled.chunk_lens):
+                s.num_cached += n
+            results = [([t], 0, False) if t is not None else None for t in tokens]
+        else:
+            roots = torch.tensor([s.last_token for s in seqs], dtype=torch.long)
+            if self.proposer:
+                tree = self.proposer.propose(seqs, roots)
+            else:
+                tree = chain_tree(torch.zeros(len(seqs), 0, dtype=torch.long), roots)
+            depth = self.proposer.max_depth if self.proposer else 0
+            uniforms = self._uniforms(seqs, depth + 1, [True] * len(seqs))
+            step, path_features, path = self.runner.verify(seqs, tree, uniforms)
+            if self.proposer:
+                self.proposer.on_verify(seqs, step, path_features)
+            drafted = tree.num_nodes.tolist()
+            results = []
+            for s, committed, accepted in zip(seqs, step.committed, step.accepted):
+                s.num_cached += accepted + 1
+                s.page_table.truncate(self.allocator, s.num_cached)
+                results.append((committed, accepted, True))
+            for s, d, (committed, accepted, _) in zip(seqs, drafted, results):
+                if self.proposer:
+                    s.metrics.record_step(d, accepted, len(committed))
+        outputs = []
+        for s, res in zip(seqs, results):
+            if res is not None:
+                outputs.append(self._commit(self._requests[s.request_id], res[0]))
+        return outputs
+
+    def _uniforms(self, seqs: list[Sequence], n: int, rows: list[bool]) -> torch.Tensor:
+        """Uniforms for this step, drawn from each request's own generator (zeros where unused)."""
+        out = torch.zeros(len(seqs), n, dtype=torch.float64)
+        idx = [i for i, r in enumerate(rows) if r]
+        if idx:
+            out[idx] = draw_uniforms([seqs[i].generator for i in idx], n, self.fallback_generator)
+        return out
+
+    # ---- after a step: commit, stop, detokenize ---------------------------------------------
+    def _commit(self, state: _RequestState, tokens: list[int]) -> StepOutput:
+        seq, params = state.seq, state.seq.params
+        new_ids: list[int] = []
+        reason = None
+        for t in tokens:
+            seq.tokens.append(t)
+            new_ids.append(t)
+            reason = token_stop_reason(t, seq.num_output, params.max_tokens, state.stop_ids)
+            if t in state.stop_ids:
+                state.text += state.detok.flush()
+                break
+            state.text += state.detok.push([t])
+            if params.stop:
+                cut = first_stop_string(state.text, params.stop, state.emitted)
+                if cut is not None:
+                    state.text = state.text[:cut]
+                    reason = "stop"
+                    break
+            if reason is not None:
+                break
+        if reason == "length":
+            state.text += state.detok.flush()
+            if params.stop:
+                cut = first_stop_string(state.text, params.stop, state.emitted)
+                if cut is not None:
+                    state.text, reason = state.text[:cut], "stop"
+        hold = 0 if reason else stop_prefix_holdback(state.text, params.stop or [])
+        new_text = state.text[state.emitted:len(state.text) - hold]
+        state.emitted += len(new_text)
+        if reason is not None:
+            seq.finish_reason = reason
+            seq.status = Status.FINISHED
+            self.scheduler.remove(seq)
+            del self._requests[seq.request_id]
+        return StepOutput(seq.request_id, new_ids, new_text, reason is not None, reason,
+                          seq.num_prompt, seq.num_output, seq.metrics)

@@ -1,0 +1,111 @@
+"""Continuous batching: admits, chunks prefills, reserves K/V pages, preempts when out of pages.
+
+Between steps requests join (waiting) and leave (finished or aborted). A step is either a
+prefill step (new or preempted requests, chunked to a token budget) or a decode/verify step
+over every running request. When pages run out for a decode step the newest running request
+is preempted: its pages go back to the pool and it is recomputed later from its tokens.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from blockspec.engine.sequence import Sequence, Status
+from blockspec.kv.allocator import PageAllocator
+
+
+@dataclass
+class ScheduledStep:
+    kind: str                      # "prefill" | "decode"
+    seqs: list[Sequence]
+    chunk_lens: list[int]          # prefill only: tokens to cache this step per row
+
+
+class Scheduler:
+    def __init__(self, allocator: PageAllocator, max_running: int, max_prefill_tokens: int, lookahead: int):
+        """`lookahead` = cache positions a decode step writes past the committed length."""
+        self.allocator = allocator
+        self.max_running = max_running
+        self.max_prefill_tokens = max_prefill_tokens
+        self.lookahead = lookahead
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, seq: Sequence) -> None:
+        """Drop a finished or aborted sequence and return its pages."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.page_table.release(self.allocator)
+
+    def schedule(self) -> ScheduledStep | None:
+        while True:
+            step = self._schedule_prefill() or self._schedule_decode()
+            if step is not None or not self.running:
+                return step
+            # Partly prefilled requests hold every page: give the newest one's back.
+            self.preempt(self.running[-1])
+
+    def _schedule_prefill(self) -> ScheduledStep | None:
+        budget = self.max_prefill_tokens
+        seqs, chunks = [], []
+        # Running requests whose prompt is only partly cached go first, then admissions.
+        candidates = [s for s in self.running if s.is_prefilling]
+        for seq in candidates:
+            n = min(seq.prefill_target - seq.num_cached, budget)
+            if n <= 0 or not self._reserve(seq, seq.num_cached + n):
+                break
+            seqs.append(seq), chunks.append(n)
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_running:
+            seq = self.waiting[0]
+            n = min(seq.prefill_target - seq.num_cached, budget)
+            # Admit only when the chunk and the first decode step both fit.
+            need = seq.num_cached + n + (self.lookahead if n == seq.prefill_target - seq.num_cached else 0)
+            if not self.allocator.can_allocate(seq.page_table.pages_needed(need)):
+                break
+            self._reserve(seq, seq.num_cached + n)
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            seqs.append(seq), chunks.append(n)
+            budget -= n
+        return ScheduledStep("prefill", seqs, chunks) if seqs else None
+
+    def _schedule_decode(self) -> ScheduledStep | None:
+        decoding = [s for s in self.running if not s.is_prefilling]
+        i = 0
+        while i < len(decoding):
+            seq = decoding[i]
+            if self._reserve(seq, seq.num_cached + self.lookahead):
+                i += 1
+                continue
+            victim = decoding[-1]
+            self.preempt(victim)
+            decoding.pop()
+            if victim is seq:
+                continue
+        return ScheduledStep("decode", decoding, []) if decoding else None
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free a running request's pages; it is recomputed from its tokens when readmitted."""
+        self.running.remove(seq)
+        seq.page_table.release(self.allocator)
+        seq.num_cached = 0
+        seq.status = Status.WAITING
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _reserve(self, seq: Sequence, num_tokens: int) -> bool:
+        if not self.allocator.can_allocate(seq.page_table.pages_needed(num_tokens)):
+            return False
+        seq.page_table.reserve(self.allocator, num_tokens)
+        return True

@@ -1,0 +1,215 @@
+"""DFlash block-diffusion drafter in z-lab's checkpoint format (REFERENCE §1).
+
+A few Qwen3-style layers with no embedding or LM head of their own (the target's are used).
+The target's hidden states after `target_layer_ids` are fused (`fc`, `hidden_norm`) into one
+context feature per token; every layer projects that feature with its own k/v projections
+into K/V placed before the block's own K/V. Block queries see all context and the whole
+block (no causal mask), except in sliding-window layers.
+
+Context K/V lives in the drafter's own paged cache, which shares the target's page tables:
+the context entry of position p sits in the same slot as the target's K/V of position p.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from blockspec.attention.metadata import AttentionBatch, visibility_mask
+from blockspec.attention.reference import paged_attention
+from blockspec.config import ModelConfig, RopeConfig
+from blockspec.kv.cache import KVCache
+from blockspec.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope
+from blockspec.models.loader import load_state_dict
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """One draft layer → the middle target layer; else evenly spaced from 1 to n − 3."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [round(start + (end - start) * i / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+@dataclass(frozen=True)
+class DFlashConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    vocab_size: int
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+    num_target_layers: int | None
+    layer_types: tuple[str, ...]
+    sliding_window: int | None
+    is_causal: bool | None
+
+    @classmethod
+    def from_hf(cls, cfg: dict, num_target_layers: int | None = None) -> "DFlashConfig":
+        dcfg = cfg.get("dflash_config") or {}
+        n_layers = int(cfg["num_hidden_layers"])
+        n_target = cfg.get("num_target_layers", num_target_layers)
+        layer_ids = dcfg.get("target_layer_ids", cfg.get("target_layer_ids"))
+        if layer_ids is None:
+            if n_target is None:
+                raise ValueError("drafter config has neither target_layer_ids nor num_target_layers")
+            layer_ids = default_target_layer_ids(int(n_target), n_layers)
+        mask_id = dcfg.get("mask_token_id", cfg.get("mask_token_id"))
+        if mask_id is None:
+            raise ValueError("drafter config lacks dflash_config.mask_token_id")
+        heads = int(cfg["num_attention_heads"])
+        layer_types = tuple(cfg.get("layer_types") or ["full_attention"] * n_layers)
+        return cls(
+            hidden_size=int(cfg["hidden_size"]),
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=n_layers,
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope=RopeConfig.from_hf(cfg),
+            vocab_size=int(cfg["vocab_size"]),
+            block_size=int(dcfg.get("block_size", cfg.get("block_size", 16))),
+            mask_token_id=int(mask_id),
+            target_layer_ids=tuple(int(i) for i in layer_ids),
+            num_target_layers=None if n_target is None else int(n_target),
+            layer_types=layer_types,
+            sliding_window=cfg.get("sliding_window"),
+            is_causal=cfg.get("is_causal"),
+        )
+
+    def check_fits(self, target: ModelConfig) -> None:
+        """Refuse a drafter whose sizes do not fit the target, naming what differs."""
+        if self.hidden_size != target.hidden_size:
+            raise ValueError(f"drafter hidden_size {self.hidden_size} != target hidden_size {target.hidden_size}")
+        if self.vocab_size != target.vocab_size:
+            raise ValueError(f"drafter vocab_size {self.vocab_size} != target vocab_size {target.vocab_size}")
+        if self.num_target_layers is not None and self.num_target_layers != target.num_layers:
+            raise ValueError(f"drafter was trained for {self.num_target_layers} target layers, "
+                             f"target has {target.num_layers}")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < target.num_layers]
+        if bad:
+            raise ValueError(f"drafter target_layer_ids {bad} are outside the target's {target.num_layers} layers")
+        if not 0 <= self.mask_token_id < target.vocab_size:
+            raise ValueError(f"drafter mask_token_id {self.mask_token_id} is outside the target vocabulary")
+
+    def layer_window(self, layer: int) -> tuple[int | None, bool]:
+        """(sliding window or None, causal) of one layer, as z-lab's reference treats them."""
+        sliding = self.layer_types[layer] == "sliding_attention"
+        causal = sliding if self.is_causal is None else bool(self.is_causal)
+        return (self.sliding_window if sliding else None), causal
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.scale = cfg.head_dim ** -0.5
+
+    def project_kv(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        B, T, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        return apply_rope(k, cos, sin), v
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__()
+        self.self_attn = DFlashAttention(cfg)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__()
+        self.config = cfg
+        self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.num_layers))
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim)
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features `[B, T, K·H]` → one context vector per token `[B, T, H]`."""
+        return self.hidden_norm(self.fc(features))
+
+    def write_context(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                      cache: KVCache) -> None:
+        """Project committed tokens' target features into every layer's context K/V."""
+        ctx = self.fuse(features.to(self.fc.weight.dtype))
+        cos, sin = self.rotary(positions, ctx.dtype)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.project_kv(ctx, cos, sin)
+            cache.write(i, slots, k, v)
+
+    def forward(self, block_embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                batch: AttentionBatch) -> torch.Tensor:
+        """Block `[B, S, H]` at `positions` attending to cached context + itself → normed hidden."""
+        x = block_embeds
+        cos, sin = self.rotary(positions, x.dtype)
+        num_keys = batch.page_table.shape[1] * cache.page_size
+        masks = {}
+        for i, layer in enumerate(self.layers):
+            window, causal = self.config.layer_window(i)
+            if (window, causal) not in masks:
+                new_mask = batch.new_mask.tril() if causal else batch.new_mask
+                masks[(window, causal)] = visibility_mask(batch.prefix_lens, batch.new_lens, new_mask,
+                                                          num_keys, window, positions)
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            B, S, _ = h.shape
+            q = attn.q_norm(attn.q_proj(h).view(B, S, attn.num_heads, attn.head_dim))
+            q = apply_rope(q, cos, sin)
+            k, v = attn.project_kv(h, cos, sin)
+            out = paged_attention(q, k, v, cache, i, batch.slots, batch.page_table, masks[(window, causal)], attn.scale)
+            x = x + attn.o_proj(out.reshape(B, S, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)
+
+
+def load_drafter(draft_dir: str | Path, target: ModelConfig, dtype: torch.dtype,
+                 device: torch.device) -> DFlashDrafter:
+    """Load a z-lab–format DFlash drafter and check that it fits the target."""
+    path = Path(draft_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no config.json in drafter directory {draft_dir}")
+    raw = json.loads(path.read_text())
+    archs = raw.get("architectures") or []
+    if archs and not any("DFlash" in a for a in archs):
+        raise ValueError(f"{draft_dir} is not a DFlash drafter (architectures: {archs})")
+    cfg = DFlashConfig.from_hf(raw, target.num_layers)
+    cfg.check_fits(target)
+    state = {k.removeprefix("model."): v for k, v in load_state_dict(draft_dir).items()}
+    with torch.device("meta"):
+        model = DFlashDrafter(cfg)
+    expected = set(model.state_dict())
+    missing = expected - set(state)
+    if missing:
+        raise ValueError(f"drafter {draft_dir} lacks weights: {sorted(missing)[:5]}")
+    extra = sorted(k for k in set(state) - expected if not k.endswith("inv_freq"))
+    if extra:
+        raise ValueError(f"drafter {draft_dir} has unexpected weights: {extra[:5]}")
+    model.load_state_dict({k: state[k] for k in expected}, strict=True, assign=True)
+    model.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim)
+    model = model.to(device=device, dtype=dtype)
+    model.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim).to(device)
+    return model.eval()

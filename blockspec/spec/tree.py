@@ -1,0 +1,219 @@
+"""Draft trees (REFERENCE §2): best-first construction from a block drafter's marginals,
+the tree attention mask, positions, the degenerate chain tree and K/V compaction indices.
+
+A tree of budget N has a fixed width N + 1: node 0 is the root (the last committed token,
+parent −1), real nodes follow in pop order (best-first, so parents precede children), and
+unused slots are padding (parent −2, depth 0, token 0). Fixed shapes keep the verify step
+free of host syncs and CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import torch
+
+ROOT_PARENT = -1
+PAD_PARENT = -2
+
+
+@dataclass
+class DraftTree:
+    """A batch of draft trees, all `[B, N + 1]` except `num_nodes [B]`.
+
+    tokens    int64    node tokens; index 0 is the root (its token, or 0 when unknown)
+    parents   int64    parent node index; root −1, padding −2; parents precede children
+    depths    int64    root 0, real nodes 1…, padding 0
+    num_nodes int64    real nodes per row, root excluded
+    logprob   float32  cumulative draft log-probability of the node's prefix; root 0
+    max_depth int      deepest node over the batch, known on the host. `build_tree` gives the
+                       exact value; `chain_tree` gives the chain capacity K (an upper bound,
+                       so no sync). When left None it is computed from `depths` (one sync).
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    num_nodes: torch.Tensor
+    logprob: torch.Tensor
+    max_depth: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_depth is None:
+            self.max_depth = int(self.depths.max()) if self.depths.numel() else 0
+
+    @property
+    def width(self) -> int:
+        """Verify width N + 1 (root included)."""
+        return self.tokens.shape[1]
+
+
+def build_tree(draft_logprobs: torch.Tensor, budget: int, topk: int | None = None,
+               root_tokens: torch.Tensor | None = None) -> DraftTree:
+    """The `budget` highest-probability prefixes under the factorised draft distribution.
+
+    `draft_logprobs [B, L, V]` are per-position log-probabilities of the tokens after the
+    root (they must be ≤ 0 for the result to be the optimal tree). Each depth offers its
+    K = min(budget, V, topk) best tokens. One topk on the device and one transfer to the host
+    feed a per-row heap search; the result goes back to the device in one transfer.
+    """
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    B, L, V = draft_logprobs.shape
+    device = draft_logprobs.device
+    k = min(budget, V, topk if topk is not None else budget)
+    if k <= 0 or L == 0:
+        rows = [_RowTree() for _ in range(B)]
+        top_tokens = torch.zeros(B, L * max(k, 0), dtype=torch.int64, device=device)
+    else:
+        top_vals, top_idx = torch.topk(draft_logprobs.float(), k, dim=-1)      # [B, L, K]
+        host_vals = top_vals.cpu().tolist()                                      # the one D2H copy
+        rows = [_best_first_row(row_vals, budget) for row_vals in host_vals]
+        top_tokens = top_idx.reshape(B, L * k)
+    return _assemble(rows, budget, k, top_tokens, root_tokens, device)
+
+
+class _RowTree:
+    """Host-side node lists of one row, root excluded, in pop order."""
+
+    def __init__(self) -> None:
+        self.parents: list[int] = []
+        self.depths: list[int] = []
+        self.ranks: list[int] = []
+        self.logprobs: list[float] = []
+
+
+def _best_first_row(vals: list[list[float]], budget: int) -> _RowTree:
+    """Pop the `budget` best rank tuples of one row; `vals[d][r]` = log q of rank r at depth d+1.
+
+    A heap entry is (−score, insertion counter, depth, rank, parent node, parent score); the
+    counter breaks ties by insertion order. Every prefix is pushed exactly once: by its
+    previous sibling (rank > 0) or by its parent (rank 0), and its score never exceeds that
+    pusher's, so pops come out best-first.
+    """
+    row = _RowTree()
+    num_depths, k = len(vals), len(vals[0])
+    heap = [(-vals[0][0], 0, 1, 0, 0, 0.0)]
+    counter = 1
+    while heap and len(row.parents) < budget:
+        neg_score, _, depth, rank, parent, parent_score = heapq.heappop(heap)
+        score = -neg_score
+        row.parents.append(parent)
+        row.depths.append(depth)
+        row.ranks.append(rank)
+        row.logprobs.append(score)
+        node = len(row.parents)                       # index of this node, root = 0
+        if rank + 1 < k:
+            sibling = parent_score + vals[depth - 1][rank + 1]
+            heapq.heappush(heap, (-sibling, counter, depth, rank + 1, parent, parent_score))
+            counter += 1
+        if depth < num_depths:
+            child = score + vals[depth][0]
+            heapq.heappush(heap, (-child, counter, depth + 1, 0, node, score))
+            counter += 1
+    return row
+
+
+def _assemble(rows: list[_RowTree], budget: int, k: int, top_tokens: torch.Tensor,
+              root_tokens: torch.Tensor | None, device: torch.device) -> DraftTree:
+    """Pad the host lists to width budget + 1, ship them in one transfer, gather tokens there."""
+    width = budget + 1
+    parents, depths, flat_idx, logprob = [], [], [], []
+    for row in rows:
+        pad = budget - len(row.parents)
+        parents.append([ROOT_PARENT] + row.parents + [PAD_PARENT] * pad)
+        depths.append([0] + row.depths + [0] * pad)
+        # Position of each node's token in the flattened [L * K] top-k table.
+        flat_idx.append([0] + [(d - 1) * k + r for d, r in zip(row.depths, row.ranks)] + [0] * pad)
+        logprob.append([0.0] + row.logprobs + [0.0] * pad)
+    max_depth = max((max(row.depths, default=0) for row in rows), default=0)
+
+    # Pack everything in one int64 tensor (log-probs bit-cast through int32) for one H2D copy.
+    logprob_bits = torch.tensor(logprob, dtype=torch.float32).reshape(-1, width).view(torch.int32)
+    packed = torch.stack([
+        torch.tensor(parents, dtype=torch.int64).reshape(-1, width),
+        torch.tensor(depths, dtype=torch.int64).reshape(-1, width),
+        torch.tensor(flat_idx, dtype=torch.int64).reshape(-1, width),
+        logprob_bits.to(torch.int64),
+    ]).to(device)
+    parents_d, depths_d, flat_d = packed[0], packed[1], packed[2]
+    logprob_d = packed[3].to(torch.int32).view(torch.float32)
+
+    is_real = parents_d >= 0
+    if top_tokens.shape[1] > 0:
+        tokens = torch.where(is_real, top_tokens.gather(1, flat_d), 0)
+    else:
+        tokens = torch.zeros_like(parents_d)
+    if root_tokens is not None:
+        tokens[:, 0] = root_tokens.to(device=device, dtype=torch.int64)
+    return DraftTree(tokens=tokens, parents=parents_d, depths=depths_d,
+                     num_nodes=is_real.sum(dim=1), logprob=logprob_d, max_depth=max_depth)
+
+
+def tree_attention_mask(parents: torch.Tensor) -> torch.Tensor:
+    """`[B, N+1, N+1]` bool: [b, i, j] is True iff j is i or an ancestor of i.
+
+    Pointer doubling: after step s, `reach[i]` holds i's ancestors closer than 2^s and `jump[i]`
+    is its 2^s-th ancestor, so ⌈log2(N+1)⌉ steps cover any depth. A sentinel node W (empty
+    reach, jumping to itself) stands for "no ancestor": the root's −1 and padding's −2.
+    """
+    B, W = parents.shape
+    device = parents.device
+    sentinel = W
+    jump = torch.where(parents >= 0, parents, sentinel)
+    jump = torch.cat([jump, torch.full((B, 1), sentinel, dtype=jump.dtype, device=device)], dim=1)
+    eye = torch.eye(W, dtype=torch.bool, device=device)
+    reach = torch.cat([eye, torch.zeros(1, W, dtype=torch.bool, device=device)])
+    reach = reach.unsqueeze(0).expand(B, W + 1, W).contiguous()          # [B, W+1, W]
+    span = 1
+    while span < W:
+        reach = reach | reach.gather(1, jump[:, :, None].expand(B, W + 1, W))
+        jump = jump.gather(1, jump)
+        span *= 2
+    return reach[:, :W]
+
+
+def tree_positions(depths: torch.Tensor, prefix_len: torch.Tensor) -> torch.Tensor:
+    """RoPE position of every node: the root sits at prefix_len, a node at prefix_len + depth."""
+    return prefix_len[:, None].to(depths.dtype) + depths
+
+
+def chain_tree(draft_tokens: torch.Tensor, root_tokens: torch.Tensor,
+               num_drafts: torch.Tensor | None = None) -> DraftTree:
+    """A linear chain root → d1 → … → dK as a tree (linear DFlash through the tree path).
+
+    Drafts at index ≥ num_drafts[b] become padding. Log-probs are unknown here and left 0;
+    `max_depth` is the capacity K, which needs no sync.
+    """
+    B, K = draft_tokens.shape
+    device = draft_tokens.device
+    if num_drafts is None:
+        num_drafts = torch.full((B,), K, dtype=torch.int64, device=device)
+    num_drafts = num_drafts.to(device=device, dtype=torch.int64).clamp(0, K)
+    node = torch.arange(K + 1, device=device)
+    is_real = (node[None, :] >= 1) & (node[None, :] <= num_drafts[:, None])
+    is_root = (node == 0)[None, :]
+    parents = torch.where(is_real, node - 1, torch.where(is_root, ROOT_PARENT, PAD_PARENT))
+    depths = torch.where(is_real, node, 0)
+    drafts = torch.cat([root_tokens.to(device=device, dtype=torch.int64)[:, None],
+                        draft_tokens.to(torch.int64)], dim=1)
+    tokens = torch.where(is_real | is_root, drafts, 0)
+    logprob = torch.zeros(B, K + 1, dtype=torch.float32, device=device)
+    return DraftTree(tokens=tokens, parents=parents, depths=depths, num_nodes=num_drafts,
+                     logprob=logprob, max_depth=K)
+
+
+def accepted_kv_indices(path: torch.Tensor, accept_len: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which verify-written K/V entries survive, for compaction to offsets 0…accept_len.
+
+    `path [B, D+1]` lists the root and accepted nodes in depth order (−1 padded); a node's
+    index is its K/V offset from the first slot the verify wrote, and offsets increase along
+    the path, so moving entry i to offset i never overwrites an entry still to be read.
+    Returns `src [B, D+1]` (the offsets, 0 where unused) and `keep [B, D+1]` (the first
+    accept_len + 1 entries).
+    """
+    steps = torch.arange(path.shape[1], device=path.device)
+    keep = (steps[None, :] <= accept_len[:, None]) & (path >= 0)
+    src = torch.where(keep, path, 0).to(torch.int64)
+    return src, keep

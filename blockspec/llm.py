@@ -12,15 +12,23 @@ class LLM:
 
     def __init__(self, model: str | None = None, *, dtype: str = "float32", device: str = "cpu",
                  draft_model: str | None = None, spec: str | None = None, block_size: int | None = None,
-                 **engine_kwargs):
+                 budget: int | None = None, topk: int | None = None, **engine_kwargs):
         if model is None:
             from blockspec.bundled import default_model  # the bundled pair (issue 5)
             model, draft_model, spec = default_model(draft_model, spec)
         self.engine = Engine(EngineConfig(model=str(model), dtype=dtype, device=device,
                                           spec=spec or "none", draft_model=draft_model,
-                                          block_size=block_size, **engine_kwargs))
+                                          block_size=block_size, tree_budget=budget, tree_topk=topk,
+                                          **engine_kwargs))
         self.tokenizer = self.engine.tokenizer
         self._counter = 0
+
+    @classmethod
+    def from_engine(cls, engine: Engine) -> "LLM":
+        """Wrap an already built engine (custom proposers, tests)."""
+        llm = cls.__new__(cls)
+        llm.engine, llm.tokenizer, llm._counter = engine, engine.tokenizer, 0
+        return llm
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  ) -> list[RequestOutput]:

@@ -35,6 +35,9 @@ class EngineConfig:
     spec: str = "none"
     draft_model: str | None = None
     block_size: int | None = None
+    spec_verify: str = "target-only"   # or "rejection": drafts sampled from q (dflash chains)
+    tree_budget: int | None = None
+    tree_topk: int | None = None
     max_running_requests: int = 64
     kv_cache_tokens: int | None = None
     page_size: int = 16
@@ -45,6 +48,8 @@ class EngineConfig:
     def validate(self) -> None:
         if self.spec not in SPEC_ALGORITHMS:
             raise ValueError(f"spec must be one of {', '.join(SPEC_ALGORITHMS)}, got {self.spec!r}")
+        if self.spec_verify not in ("target-only", "rejection"):
+            raise ValueError(f"spec_verify must be 'target-only' or 'rejection', got {self.spec_verify!r}")
         for name in ("max_running_requests", "page_size", "max_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
@@ -79,7 +84,8 @@ class _RequestState:
 class Engine:
     """Synchronous engine; one thread drives it (the server wraps it in a background thread)."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, proposer=None):
+        """`proposer` overrides the one `config.spec` names (custom drafters, tests)."""
         config.validate()
         self.config = config
         self.device = parse_device(config.device)
@@ -89,10 +95,11 @@ class Engine:
         self.model_name = Path(config.model).name
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         self.spec_algorithm = config.spec
-        self.proposer = None
-        if config.spec != "none":
-            from blockspec.spec.proposers import build_proposer  # speculative decoding (issue 3)
-            self.proposer = build_proposer(config, self)
+        self.proposer = proposer
+        if proposer is None and config.spec != "none":
+            from blockspec.spec.proposers import build_proposer
+            self.proposer = build_proposer(config)
+        if self.proposer is not None:
             self.proposer.load(self)
         # Cache positions a decode step writes past the committed length: the verify width and
         # the drafter's block.
@@ -171,13 +178,15 @@ class Engine:
             results = [([t], 0, False) if t is not None else None for t in tokens]
         else:
             roots = torch.tensor([s.last_token for s in seqs], dtype=torch.long)
-            if self.proposer:
-                tree = self.proposer.propose(seqs, roots)
-            else:
-                tree = chain_tree(torch.zeros(len(seqs), 0, dtype=torch.long), roots)
             depth = self.proposer.max_depth if self.proposer else 0
-            uniforms = self._uniforms(seqs, depth + 1, [True] * len(seqs))
-            step, path_features, path = self.runner.verify(seqs, tree, uniforms)
+            # Every request draws the same number of uniforms per step, whatever is accepted.
+            n = 3 * depth + 1 if self.config.spec_verify == "rejection" else depth + 1
+            uniforms = self._uniforms(seqs, n, [True] * len(seqs))
+            if self.proposer:
+                tree, draft_probs = self.proposer.propose(seqs, roots, uniforms)
+            else:
+                tree, draft_probs = chain_tree(torch.zeros(len(seqs), 0, dtype=torch.long), roots), None
+            step, path_features, path = self.runner.verify(seqs, tree, uniforms, draft_probs)
             if self.proposer:
                 self.proposer.on_verify(seqs, step, path_features)
             drafted = tree.num_nodes.tolist()

@@ -16,7 +16,7 @@ from blockspec.kv.cache import KVCache, compaction_slots
 from blockspec.models.llama import CausalLM
 from blockspec.sampling import SamplingTensors, filtered_probs, sample_from_probs
 from blockspec.spec.tree import DraftTree, accepted_kv_indices, tree_attention_mask
-from blockspec.spec.verify import verify_tree
+from blockspec.spec.verify import verify_chain_rejection, verify_tree
 
 
 @dataclass
@@ -82,11 +82,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def verify(self, seqs: list[Sequence], tree: DraftTree, uniforms: torch.Tensor,
+               draft_probs: torch.Tensor | None = None,
                ) -> tuple[StepResult, torch.Tensor | None, torch.Tensor]:
         """One target forward over [root, draft nodes] per row, then the verification walk.
 
         `tree.tokens[:, 0]` must be each row's last committed token. The accepted path's K/V is
-        compacted to positions P … P+a (P = cached length before the step). Returns the step
+        compacted to positions P … P+a (P = cached length before the step). With `draft_probs`
+        (a chain sampled from q) verification is rejection sampling and `uniforms` holds
+        [draft L | accept L | residual L+1]; otherwise one uniform per depth. Returns the step
         result, the captured features of the accepted path `[B, D+1, K·H]` and the path.
         """
         dev = self.device
@@ -105,7 +108,13 @@ class ModelRunner:
         positions = prefix_t[:, None] + tree.depths.to(dev)
         hidden, features = self.model(tree.tokens.to(dev), positions, self.cache, batch, self.capture_layers)
         probs = filtered_probs(self.model.logits(hidden), SamplingTensors.from_params([s.params for s in seqs], dev))
-        result = verify_tree(probs, tree.tokens.to(dev), tree.parents.to(dev), uniforms.to(dev))
+        if draft_probs is None:
+            result = verify_tree(probs, tree.tokens.to(dev), tree.parents.to(dev), uniforms.to(dev))
+        else:
+            L = width - 1
+            u = uniforms.to(dev)
+            result = verify_chain_rejection(probs, draft_probs, tree.tokens[:, 1:].to(dev),
+                                            u[:, L:2 * L], u[:, 2 * L:3 * L + 1])
         src, keep = accepted_kv_indices(result.path, result.accept_len)
         if tree.max_depth < width - 1:  # not a chain: the accepted path may have gaps
             src_slots, dst_slots = compaction_slots(batch.page_table, self.cache.page_size, prefix_t, src, keep)

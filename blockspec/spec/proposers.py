@@ -1,5 +1,9 @@
 """Drafters as the engine sees them: propose a tree per step, learn from what was committed.
 
+`propose(seqs, roots, uniforms)` returns `(tree, draft_probs)`: draft_probs is None for
+point-mass drafts (verified target-only) and the filtered draft distribution q `[B, L, V]`
+when the drafts were sampled from q (verified by rejection sampling).
+
 Each proposer has static sizes so that every step has the same shapes:
   max_depth   L: deepest draft node; a verify step draws L + 1 uniforms per request
   max_nodes   N: draft nodes per request (verify width N + 1)
@@ -14,6 +18,7 @@ from blockspec.attention.metadata import AttentionBatch, full_new_mask
 from blockspec.engine.runner import StepResult, page_table_tensor, slots_for
 from blockspec.engine.sequence import Sequence
 from blockspec.kv.cache import KVCache
+from blockspec.sampling import SamplingTensors, filtered_probs, sample_from_probs
 from blockspec.spec.ngram import propose_ngram_batch
 from blockspec.spec.tree import DraftTree, build_tree, chain_tree
 
@@ -37,9 +42,9 @@ class NgramProposer:
     def on_prefill(self, seqs, features, batch, positions) -> None:
         pass
 
-    def propose(self, seqs: list[Sequence], roots: torch.Tensor) -> DraftTree:
+    def propose(self, seqs: list[Sequence], roots: torch.Tensor, uniforms=None):
         drafts, counts = propose_ngram_batch([s.tokens for s in seqs], self.max_nodes, self.max_ngram)
-        return chain_tree(drafts, roots, counts)
+        return chain_tree(drafts, roots, counts), None
 
     def on_verify(self, seqs, step: StepResult, path_features) -> None:
         pass
@@ -49,7 +54,11 @@ class DFlashProposer:
     """Linear DFlash (a chain of argmax drafts) or DDTree (a best-first tree) from one drafter pass."""
 
     def __init__(self, draft_dir: str, block_size: int | None, tree_budget: int | None = None,
-                 tree_topk: int | None = None):
+                 tree_topk: int | None = None, sample_drafts: bool = False):
+        """`sample_drafts`: draw drafts from the filtered drafter distribution q (chains only)."""
+        if sample_drafts and tree_budget is not None:
+            raise ValueError("rejection verification (sampled drafts) is for chains; ddtree verifies target-only")
+        self.sample_drafts = sample_drafts
         self.draft_dir = draft_dir
         self.requested_block_size = block_size
         self.tree_budget = tree_budget
@@ -88,7 +97,7 @@ class DFlashProposer:
         self.drafter.write_context(features, positions, batch.slots, self.cache)
 
     @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], roots: torch.Tensor) -> DraftTree:
+    def propose(self, seqs: list[Sequence], roots: torch.Tensor, uniforms: torch.Tensor | None = None):
         dev, S = self.device, self.block_size
         prefix = [s.num_cached for s in seqs]
         block = torch.full((len(seqs), S), self.mask_token_id, dtype=torch.long, device=dev)
@@ -104,9 +113,13 @@ class DFlashProposer:
         positions = prefix_t[:, None] + torch.arange(S, device=dev)
         hidden = self.drafter(self.target.embed(block), positions, self.cache, batch)
         logits = self.target.logits(hidden[:, 1:])                     # [B, L, V]
+        if self.sample_drafts:
+            q = filtered_probs(logits, SamplingTensors.from_params([s.params for s in seqs], dev))
+            drafts = sample_from_probs(q, uniforms[:, :self.max_depth].to(dev))
+            return chain_tree(drafts.cpu(), roots), q
         if self.tree_budget is None:
-            return chain_tree(logits.argmax(-1).cpu(), roots)
-        return build_tree(torch.log_softmax(logits, -1), self.tree_budget, self.tree_topk, roots)
+            return chain_tree(logits.argmax(-1).cpu(), roots), None
+        return build_tree(torch.log_softmax(logits, -1), self.tree_budget, self.tree_topk, roots), None
 
     @torch.inference_mode()
     def on_verify(self, seqs: list[Sequence], step: StepResult, path_features: torch.Tensor) -> None:
@@ -120,9 +133,11 @@ class DFlashProposer:
         self.drafter.write_context(path_features, positions, slots, self.cache)
 
 
-def build_proposer(config, engine):
+def build_proposer(config):
     """The proposer for `config.spec`, or a clear error when it cannot be honoured."""
     if config.spec == "ngram":
+        if config.spec_verify == "rejection":
+            raise ValueError("spec_verify 'rejection' needs sampled drafts; n-gram drafts are point masses")
         if config.draft_model:
             raise ValueError("spec 'ngram' uses no draft model; drop --draft-model")
         block = config.block_size or 8
@@ -133,7 +148,9 @@ def build_proposer(config, engine):
         if not config.draft_model:
             raise ValueError(f"spec {config.spec!r} needs a draft model (draft_model / --draft-model)")
         if config.spec == "dflash":
-            return DFlashProposer(config.draft_model, config.block_size)
-        budget = getattr(config, "tree_budget", None) or 16
-        return DFlashProposer(config.draft_model, config.block_size, budget, getattr(config, "tree_topk", None))
+            return DFlashProposer(config.draft_model, config.block_size,
+                                  sample_drafts=config.spec_verify == "rejection")
+        if config.spec_verify == "rejection":
+            raise ValueError("spec_verify 'rejection' needs sampled chain drafts: use spec 'dflash'")
+        return DFlashProposer(config.draft_model, config.block_size, config.tree_budget or 16, config.tree_topk)
     raise ValueError(f"unknown spec {config.spec!r}")

@@ -1,0 +1,247 @@
+"""Sampling parameters, the target-distribution filters, and inverse-CDF sampling.
+
+`filtered_probs` is the single definition of "the distribution a request samples from": plain
+decoding samples from it and the speculative verifier checks drafts against it. Every random
+choice is an inverse-CDF draw from a float64 uniform that the host drew beforehand from the
+request's own generator (`draw_uniforms`), so the device-side functions here are pure, free of
+host synchronisation and safe to capture in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+import torch
+
+
+def _is_real(value: object) -> bool:
+    """True for int/float-like numbers, False for bools (which Python treats as ints)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_int(value: object) -> bool:
+    """True for integers, False for bools."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling settings, validated on construction.
+
+    temperature 0 means greedy; top_k 0 or -1 and top_p 1 and min_p 0 switch a filter off.
+    After validation `stop` and `stop_token_ids` are lists (possibly empty) and top_k -1 is 0.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_tokens: int = 16
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if not _is_real(t) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"top_k must be an int >= -1 (0 or -1 = off), got {self.top_k!r}")
+        if not _is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be a number in [0, 1], got {self.min_p!r}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        self.stop = _normalised_stop(self.stop)
+        self.stop_token_ids = _normalised_stop_token_ids(self.stop_token_ids)
+        # Store plain Python numbers so the values are hashable/JSON-able whatever came in.
+        self.temperature = float(t)
+        self.top_p = float(self.top_p)
+        self.min_p = float(self.min_p)
+        self.top_k = 0 if self.top_k == -1 else int(self.top_k)
+        self.max_tokens = int(self.max_tokens)
+        self.seed = None if self.seed is None else int(self.seed)
+
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0: always take the most likely token."""
+        return self.temperature == 0.0
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, object]) -> "SamplingParams":
+        """Build from a mapping (e.g. a request body); unknown keys raise ValueError."""
+        if not isinstance(values, Mapping):
+            raise ValueError(f"sampling parameters must be a mapping, got {type(values).__name__}")
+        _raise_on_unknown_fields(values.keys())
+        return cls(**values)
+
+
+def _normalised_stop(stop: object) -> list[str]:
+    """`stop` as a list of strings; raises ValueError for anything else."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
+        return list(stop)
+    raise ValueError(f"stop must be a str or a list of str, got {stop!r}")
+
+
+def _normalised_stop_token_ids(ids: object) -> list[int]:
+    """`stop_token_ids` as a list of ints; raises ValueError for anything else."""
+    if ids is None:
+        return []
+    if isinstance(ids, (list, tuple)) and all(_is_int(i) for i in ids):
+        return [int(i) for i in ids]
+    raise ValueError(f"stop_token_ids must be a list of int, got {ids!r}")
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(SamplingParams))
+
+
+def _raise_on_unknown_fields(names) -> None:
+    """ValueError naming every key that is not a SamplingParams field."""
+    unknown = sorted(str(n) for n in names if n not in _FIELD_NAMES)
+    if unknown:
+        raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
+
+
+def _with_unknown_field_check(dataclass_init):
+    """Wrap the generated __init__ so an unknown keyword is a ValueError, not a TypeError."""
+
+    @functools.wraps(dataclass_init)
+    def checked_init(self, *args, **kwargs):
+        _raise_on_unknown_fields(kwargs.keys())
+        dataclass_init(self, *args, **kwargs)
+
+    return checked_init
+
+
+SamplingParams.__init__ = _with_unknown_field_check(SamplingParams.__init__)
+
+
+@dataclass
+class SamplingTensors:
+    """The batch's sampling settings as per-row device tensors (all shaped [B]).
+
+    Greedy rows carry temperature 1.0 so that dividing by it is harmless; `greedy` selects
+    the one-hot argmax for them.
+    """
+
+    temperature: torch.Tensor  # float32
+    top_k: torch.Tensor  # int64, 0 = off
+    top_p: torch.Tensor  # float32
+    min_p: torch.Tensor  # float32
+    greedy: torch.Tensor  # bool
+
+    @classmethod
+    def from_params(cls, params: list[SamplingParams], device) -> "SamplingTensors":
+        """Stack per-request settings into row tensors on `device`."""
+
+        def column(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        return cls(
+            temperature=column([1.0 if p.greedy else p.temperature for p in params], torch.float32),
+            top_k=column([p.top_k for p in params], torch.int64),
+            top_p=column([p.top_p for p in params], torch.float32),
+            min_p=column([p.min_p for p in params], torch.float32),
+            greedy=column([p.greedy for p in params], torch.bool),
+        )
+
+
+def _per_row(values: torch.Tensor, ndim: int) -> torch.Tensor:
+    """Reshape a [B] tensor to [B, 1, ..., 1] so it broadcasts over a rank-`ndim` tensor."""
+    return values.view(values.shape[0], *([1] * (ndim - 1)))
+
+
+def _masked_softmax(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Softmax over the kept entries only (the others get probability 0)."""
+    return torch.softmax(logits.masked_fill(~keep, float("-inf")), dim=-1)
+
+
+def filtered_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """The target distribution: logits [B, *, V] -> float32 probabilities [B, *, V].
+
+    Filters apply in the order temperature -> top_k -> top_p -> min_p, each followed by a
+    renormalisation (REFERENCE §3); row b's settings broadcast over the middle dims. Greedy
+    rows give the one-hot of the first maximal logit. Everything happens in one descending
+    sort (stable, so ties keep vocabulary order), with masks built in sorted order.
+    """
+    ndim = logits.dim()
+    temperature = _per_row(st.temperature, ndim)
+    top_k = _per_row(st.top_k, ndim)
+    top_p = _per_row(st.top_p, ndim)
+    min_p = _per_row(st.min_p, ndim)
+    greedy = _per_row(st.greedy, ndim)
+
+    scaled = logits.float() / temperature
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
+    rank = torch.arange(scaled.shape[-1], device=scaled.device)
+
+    keep = (top_k <= 0) | (rank < top_k)
+    probs = _masked_softmax(sorted_logits, keep)
+    # Mass strictly before each token; top_p = 1 must keep everything even if rounding
+    # makes the tail's preceding mass reach 1.
+    mass_before = probs.cumsum(dim=-1) - probs
+    keep = keep & ((top_p >= 1.0) | (mass_before < top_p))
+    probs = _masked_softmax(sorted_logits, keep)
+    keep = keep & (probs >= min_p * probs[..., :1])
+    probs = _masked_softmax(sorted_logits, keep)
+
+    filtered = torch.zeros_like(probs).scatter_(-1, order, probs)
+    one_hot = torch.zeros_like(probs).scatter_(-1, scaled.argmax(dim=-1, keepdim=True), 1.0)
+    return torch.where(greedy, one_hot, filtered)
+
+
+def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw: probs [*, V] (need not be normalised), uniforms [*] -> tokens [*] int64.
+
+    Picks the first index whose float64 cumulative probability exceeds u * total, total being
+    the last cumulative value. Zero-probability tokens are never picked (u = 0 gives the first
+    positive token); the result is also capped at the last positive token as a guard against
+    u * total rounding up to total. Pass uniforms already on the probs' device: a host-to-device
+    copy here would not be capturable in a CUDA graph.
+    """
+    cdf = probs.double().cumsum(dim=-1)
+    total = cdf[..., -1:]
+    threshold = uniforms.to(device=cdf.device, dtype=torch.float64).unsqueeze(-1) * total
+    first_above = (cdf <= threshold).sum(dim=-1)
+    last_positive = (cdf < total).sum(dim=-1)
+    return torch.minimum(first_above, last_positive)
+
+
+def make_generator(seed: int | None) -> torch.Generator | None:
+    """A CPU generator seeded with `seed`, or None for an unseeded request."""
+    if seed is None:
+        return None
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(seed)
+    return generator
+
+
+def draw_uniforms(
+    generators: list[torch.Generator | None], n: int, fallback: torch.Generator
+) -> torch.Tensor:
+    """n float64 uniforms in [0, 1) per request -> CPU tensor [B, n].
+
+    Row b comes from `generators[b]` alone (or from `fallback` when it is None), so a seeded
+    request's stream does not depend on which other requests share the batch.
+    """
+    rows = [
+        torch.rand(n, generator=fallback if g is None else g, dtype=torch.float64)
+        for g in generators
+    ]
+    if not rows:
+        return torch.empty(0, n, dtype=torch.float64)
+    return torch.stack(rows)

@@ -1,0 +1,175 @@
+"""Lossless verification of drafted tokens against the target distribution (REFERENCE §3).
+
+Tree walk: at the current node sample y ~ p (the filtered target distribution of the token
+that follows the node) by inverse CDF; if a child of the node carries token y, accept it and
+go on, otherwise commit y as the bonus and stop. Each child is accepted with probability
+p(child), and the bonus is a draw from p with the children removed, exactly as in the
+inverse-CDF-over-children rule of REFERENCE §3, so every committed token is an exact draw
+from the target. Greedy rows need no special case because their p is one-hot. A chain is a
+tree whose nodes have one child each, so `verify_chain` only builds parents.
+
+`verify_chain_rejection` is classic speculative rejection sampling, for drafts that were
+sampled from a draft distribution q.
+
+All functions are vectorised over the batch (a Python loop runs over depth only), use masks
+instead of early exits, and never synchronise with the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from blockspec.sampling import sample_from_probs
+
+ROOT_PARENT = -1  # parent index of node 0
+PADDING_PARENT = -2  # parent index of padding nodes: never anyone's child
+
+
+@dataclass
+class VerifyResult:
+    """The outcome of one verify step, per row b (D = max depth, or K for chains).
+
+    accept_len [B] int64: accepted draft nodes (committed tokens = accept_len + 1).
+    path [B, D+1] int64: node indices of the accepted path in depth order, path[:, 0] = 0
+        (the root), padded with -1.
+    committed [B, D+1] int64: accepted tokens followed by the bonus token, padded with -1.
+    """
+
+    accept_len: torch.Tensor
+    path: torch.Tensor
+    committed: torch.Tensor
+
+
+def verify_tree(
+    target_probs: torch.Tensor,
+    node_tokens: torch.Tensor,
+    parents: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> VerifyResult:
+    """Walk each row's draft tree from the root, accepting children that match target samples.
+
+    target_probs [B, N+1, V]: filtered target distribution following each node (node 0 is the
+        root, i.e. the last committed token).
+    node_tokens [B, N+1] int64: each node's token (the root's is ignored).
+    parents [B, N+1] int64: parent index (< own index); -1 for the root, -2 for padding.
+    uniforms [B, D+1] float64: one uniform per depth; all D+1 are used whatever is accepted,
+        and a walk that reaches depth D takes its bonus at the depth-D node with uniforms[:, D].
+    If two siblings carry the same token, the first one is the one accepted.
+    """
+    batch, num_nodes, _ = target_probs.shape
+    max_depth = uniforms.shape[1] - 1
+    device = target_probs.device
+    rows = torch.arange(batch, device=device)
+    node_ids = torch.arange(num_nodes, device=device)
+    uniforms = uniforms.to(device=device, dtype=torch.float64)
+
+    current = torch.zeros(batch, dtype=torch.int64, device=device)
+    walking = torch.ones(batch, dtype=torch.bool, device=device)
+    accept_len = torch.zeros(batch, dtype=torch.int64, device=device)
+    path = torch.full((batch, max_depth + 1), -1, dtype=torch.int64, device=device)
+    path[:, 0] = 0
+    committed = torch.full_like(path, -1)
+
+    for depth in range(max_depth + 1):
+        sampled = sample_from_probs(target_probs[rows, current], uniforms[:, depth])
+        # Accepted or bonus, the committed token at this depth is the sample itself.
+        committed[:, depth] = torch.where(walking, sampled, -1)
+        if depth == max_depth:
+            break
+        is_match = (parents == current.unsqueeze(1)) & (node_tokens == sampled.unsqueeze(1))
+        first_match = torch.where(is_match, node_ids, num_nodes).amin(dim=1)
+        accepted = walking & (first_match < num_nodes)
+        path[:, depth + 1] = torch.where(accepted, first_match, -1)
+        accept_len += accepted.long()
+        current = torch.where(accepted, first_match, current)
+        walking = accepted
+
+    return VerifyResult(accept_len=accept_len, path=path, committed=committed)
+
+
+def chain_parents(
+    batch: int, num_drafts_max: int, num_drafts: torch.Tensor | None, device
+) -> torch.Tensor:
+    """Parents [B, K+1] of a chain: node i's parent is i - 1; nodes past num_drafts[b] pad."""
+    positions = torch.arange(num_drafts_max + 1, device=device)
+    parents = (positions - 1).unsqueeze(0).expand(batch, -1)
+    if num_drafts is None:
+        return parents
+    is_padding = positions.unsqueeze(0) > num_drafts.to(device).unsqueeze(1)
+    return torch.where(is_padding, PADDING_PARENT, parents)
+
+
+def verify_chain(
+    target_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    uniforms: torch.Tensor,
+    num_drafts: torch.Tensor | None = None,
+) -> VerifyResult:
+    """Target-only verification of a draft chain (point-mass drafts).
+
+    target_probs [B, K+1, V], draft_tokens [B, K] int64, uniforms [B, K+1] float64,
+    num_drafts [B] int64 (drafts past it are ignored; None = all K). Greedy rows reduce to
+    argmax matching; sampled rows commit exact target samples whatever the drafts were.
+    """
+    batch, num_drafts_max = draft_tokens.shape
+    device = target_probs.device
+    root_token = torch.zeros(batch, 1, dtype=torch.int64, device=device)
+    node_tokens = torch.cat([root_token, draft_tokens.to(device=device, dtype=torch.int64)], dim=1)
+    parents = chain_parents(batch, num_drafts_max, num_drafts, device)
+    return verify_tree(target_probs, node_tokens, parents, uniforms)
+
+
+def verify_chain_rejection(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    residual_uniforms: torch.Tensor,
+) -> VerifyResult:
+    """Speculative rejection sampling of a chain whose drafts were sampled from q.
+
+    target_probs [B, K+1, V] (p), draft_probs [B, K, V] (q, filtered with the same settings
+    as p), draft_tokens [B, K], accept_uniforms [B, K] float64, residual_uniforms [B, K+1]
+    float64. Draft k is accepted when u_k * q(x_k) < p(x_k), i.e. with probability
+    min(1, p/q); at the first rejection the committed token is drawn from
+    norm(max(p_k - q_k, 0)) (p_k if that is all zero) with residual_uniforms[:, k]; if every
+    draft passes, the bonus is drawn from p_K with residual_uniforms[:, K].
+    """
+    batch, num_positions, _ = target_probs.shape
+    num_drafts = num_positions - 1
+    device = target_probs.device
+    rows = torch.arange(batch, device=device)
+    positions = torch.arange(num_positions, device=device)
+    draft_tokens = draft_tokens.to(device=device, dtype=torch.int64)
+
+    token_index = draft_tokens.unsqueeze(-1)
+    p_of_draft = target_probs[:, :num_drafts].gather(-1, token_index).squeeze(-1).double()
+    q_of_draft = draft_probs.gather(-1, token_index).squeeze(-1).double()
+    u_accept = accept_uniforms.to(device=device, dtype=torch.float64)
+    passes = u_accept * q_of_draft < p_of_draft
+    accept_len = passes.long().cumprod(dim=1).sum(dim=1)  # leading run of passes
+
+    # Position where the non-draft token is drawn: the first rejection, or K (bonus).
+    stop = accept_len
+    p_stop = target_probs[rows, stop]
+    if num_drafts > 0:
+        q_stop = draft_probs[rows, stop.clamp(max=num_drafts - 1)]
+        q_stop = torch.where((stop < num_drafts).unsqueeze(1), q_stop, 0.0)
+    else:
+        q_stop = torch.zeros_like(p_stop)
+    residual = (p_stop - q_stop).clamp(min=0.0)
+    residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_stop)
+    u_residual = residual_uniforms.to(device=device, dtype=torch.float64)[rows, stop]
+    final_token = sample_from_probs(residual, u_residual)
+
+    no_token = torch.full((batch, 1), -1, dtype=torch.int64, device=device)
+    drafts_padded = torch.cat([draft_tokens, no_token], dim=1)
+    is_accepted = positions.unsqueeze(0) < accept_len.unsqueeze(1)
+    is_final = positions.unsqueeze(0) == accept_len.unsqueeze(1)
+    committed = torch.where(
+        is_accepted, drafts_padded, torch.where(is_final, final_token.unsqueeze(1), -1)
+    )
+    path = torch.where(positions.unsqueeze(0) <= accept_len.unsqueeze(1), positions, -1)
+    return VerifyResult(accept_len=accept_len, path=path, committed=committed)

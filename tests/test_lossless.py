@@ -1,0 +1,90 @@
+"""Speculative sampling is distributed exactly as the target (REFERENCE §3).
+
+For a target over a 12-token vocabulary the joint law of the first 3 generated tokens is
+enumerated exactly (12³ cells) from transformers' forward; ≥ 20,000 seeded speculative
+requests must pass a chi-square goodness-of-fit test at α = 1e-3, and a deliberately biased
+verifier (one that over-accepts drafts, like a relaxed threshold) must fail the same test.
+"""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import blockspec.engine.runner as runner_module
+from blockspec.llm import LLM
+from blockspec.sampling import SamplingParams
+from blockspec.spec.verify import verify_tree
+from blockspec.validation.lossless import chi_square_against_law, exact_joint_law, sample_continuations
+from dflash_fixtures import write_dflash_drafter
+
+ALPHA = 1e-3
+NUM_SAMPLES = 20_000
+NUM_TOKENS = 3
+PROMPT = [1, 4, 2, 7]
+SETTINGS = {
+    "t1": SamplingParams(temperature=1.0),
+    "t07_topk5": SamplingParams(temperature=0.7, top_k=5),
+    "t13_topp_minp": SamplingParams(temperature=1.3, top_p=0.8, min_p=0.05),
+}
+# (block size, verification, setting): every block size, both verifiers, every setting.
+CASES = [(2, "target-only", "t13_topp_minp"), (4, "target-only", "t1"), (8, "target-only", "t07_topk5"),
+         (2, "rejection", "t07_topk5"), (4, "rejection", "t13_topp_minp"), (8, "rejection", "t1")]
+
+
+@pytest.fixture(scope="module")
+def laws(tiny_vocab_dir):
+    hf = AutoModelForCausalLM.from_pretrained(tiny_vocab_dir, dtype=torch.float32).eval()
+    vocab = hf.config.vocab_size
+
+    def next_logits(seqs):
+        with torch.no_grad():
+            return hf(torch.tensor(seqs)).logits[:, -1]
+    return {name: exact_joint_law(next_logits, PROMPT, p, vocab, NUM_TOKENS) for name, p in SETTINGS.items()}
+
+
+@pytest.fixture(scope="module")
+def drafter(tiny_vocab_dir, tmp_path_factory):
+    return str(write_dflash_drafter(tmp_path_factory.mktemp("tiny_drafter"), tiny_vocab_dir, block_size=8, std=0.3))
+
+
+def spec_llm(model, drafter, block, verify):
+    return LLM(model=model, spec="dflash", draft_model=drafter, block_size=block, spec_verify=verify,
+               max_running_requests=4096, max_prefill_tokens=4096 * len(PROMPT), kv_cache_tokens=4096 * 24,
+               page_size=4)
+
+
+@pytest.mark.parametrize("block, verify, setting", CASES)
+def test_speculative_sampling_matches_exact_law(tiny_vocab_dir, drafter, laws, block, verify, setting):
+    llm = spec_llm(tiny_vocab_dir, drafter, block, verify)
+    samples = sample_continuations(llm, PROMPT, SETTINGS[setting], NUM_SAMPLES, NUM_TOKENS)
+    result = chi_square_against_law(samples, laws[setting])
+    assert result.p_value > ALPHA, f"{block=} {verify=} {setting=}: chi2={result.statistic:.1f} dof={result.dof} p={result.p_value:.2e}"
+    assert llm.engine.allocator.num_used_pages == 0
+
+
+def over_accepting_verify_tree(target_probs, node_tokens, parents, uniforms):
+    """A biased verifier: doubles the probability of every drafted child before the walk."""
+    B, W, V = target_probs.shape
+    child_of = torch.zeros(B, W, V)
+    for i in range(1, W):
+        par = parents[:, i]
+        ok = par >= 0
+        child_of[ok.nonzero()[:, 0], par[ok], node_tokens[ok, i]] = 1.0
+    boosted = target_probs * (1 + child_of)
+    return verify_tree(boosted / boosted.sum(-1, keepdim=True), node_tokens, parents, uniforms)
+
+
+def test_negative_control_biased_verifier_fails(tiny_vocab_dir, drafter, laws, monkeypatch):
+    monkeypatch.setattr(runner_module, "verify_tree", over_accepting_verify_tree)
+    llm = spec_llm(tiny_vocab_dir, drafter, 4, "target-only")
+    samples = sample_continuations(llm, PROMPT, SETTINGS["t1"], NUM_SAMPLES, NUM_TOKENS)
+    result = chi_square_against_law(samples, laws["t1"])
+    assert result.p_value < ALPHA, f"biased verifier passed: p={result.p_value:.3f}"
+
+
+def test_plain_sampling_matches_exact_law(tiny_vocab_dir, laws):
+    """The reference itself: plain (non-speculative) sampling from the engine fits the law."""
+    llm = LLM(model=tiny_vocab_dir, max_running_requests=4096, max_prefill_tokens=4096 * len(PROMPT),
+              kv_cache_tokens=4096 * 12, page_size=4)
+    samples = sample_continuations(llm, PROMPT, SETTINGS["t13_topp_minp"], NUM_SAMPLES, NUM_TOKENS)
+    assert chi_square_against_law(samples, laws["t13_topp_minp"]).p_value > ALPHA

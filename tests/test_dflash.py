@@ -97,6 +97,7 @@ def test_drafter_forward_matches_dense_reference(tmp_path, qwen3_dir):
 
 
 def check_drafter_against_dense(engine, prop, hf, cfg, seq):
+    seq.page_table.reserve(engine.allocator, seq.num_cached + engine.lookahead)  # as the scheduler does
     roots = torch.tensor([seq.last_token])
     captured = {}
     orig = prop.target.logits

@@ -87,7 +87,8 @@ class CausalLM(nn.Module):
 
         Returns the final-normed hidden states `[B, Q, H]` and, when `capture_layers` is given,
         the outputs of those decoder layers concatenated on the feature axis `[B, Q, K·H]`
-        (layer id i = output of decoder layer i = transformers' hidden_states[i + 1]).
+        (layer id i = output of decoder layer i = transformers' hidden_states[i + 1]; for the
+        last layer that tuple holds the final-normed state, and so do we).
         """
         x = self.embed(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
@@ -97,8 +98,10 @@ class CausalLM(nn.Module):
             x = layer(x, cos, sin, i, cache, batch, visible)
             if i in capture_layers:
                 captured[i] = x
+        normed = self.model.norm(x)
+        captured[len(self.model.layers) - 1] = normed
         features = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
-        return self.model.norm(x), features
+        return normed, features
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -23,7 +23,10 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def parse_device(name: str | torch.device) -> torch.device:
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device must be cpu or cuda, got {name!r}") from None
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be cpu or cuda, got {name!r}")
     if device.type == "cuda" and not torch.cuda.is_available():

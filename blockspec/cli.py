@@ -28,6 +28,10 @@ def add_model_arguments(p: argparse.ArgumentParser, model_required: bool) -> Non
     p.add_argument("--draft-model", default=None, help="drafter directory (DFlash, z-lab format)")
     p.add_argument("--spec", default=None, choices=["none", "ngram", "dflash", "ddtree"])
     p.add_argument("--block-size", type=_positive_int, default=None)
+    p.add_argument("--budget", type=_positive_int, default=None, help="DDTree node budget")
+    p.add_argument("--topk", type=_positive_int, default=None, help="DDTree top-k per depth")
+    p.add_argument("--spec-verify", default="target-only", choices=["target-only", "rejection"],
+                   help="rejection: drafts sampled from the drafter's q, rejection-sampled")
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,7 +58,8 @@ def build_llm(args):
     from blockspec.llm import LLM
     try:
         return LLM(model=args.model, dtype=args.dtype, device=args.device, draft_model=args.draft_model,
-                   spec=args.spec, block_size=args.block_size)
+                   spec=args.spec, block_size=args.block_size, budget=args.budget, topk=args.topk,
+                   spec_verify=args.spec_verify)
     except (ValueError, FileNotFoundError) as e:
         raise UsageError(str(e)) from e
 
@@ -111,8 +116,9 @@ def cmd_serve(args) -> int:
             model, draft, spec = default_model(a.draft_model, a.spec)
         else:
             model, draft, spec = a.model, a.draft_model, a.spec
-        kwargs = {k: getattr(a, k) for k in ("max_running_requests", "kv_cache_tokens")
-                  if getattr(a, k, None) is not None}
+        names = {"max_running_requests": "max_running_requests", "kv_cache_tokens": "kv_cache_tokens",
+                 "budget": "tree_budget", "topk": "tree_topk", "max_model_len": "max_model_len"}
+        kwargs = {field: getattr(a, arg) for arg, field in names.items() if getattr(a, arg, None) is not None}
         return Engine(EngineConfig(model=model, dtype=a.dtype, device=a.device, spec=spec or "none",
                                    draft_model=draft, block_size=a.block_size, **kwargs))
     try:

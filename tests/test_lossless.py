@@ -50,7 +50,7 @@ def drafter(tiny_vocab_dir, tmp_path_factory):
 def spec_llm(model, drafter, block, verify):
     return LLM(model=model, spec="dflash", draft_model=drafter, block_size=block, spec_verify=verify,
                max_running_requests=4096, max_prefill_tokens=4096 * len(PROMPT), kv_cache_tokens=4096 * 24,
-               page_size=4)
+               page_size=4, detokenize=False)
 
 
 @pytest.mark.parametrize("block, verify, setting", CASES)
@@ -85,6 +85,6 @@ def test_negative_control_biased_verifier_fails(tiny_vocab_dir, drafter, laws, m
 def test_plain_sampling_matches_exact_law(tiny_vocab_dir, laws):
     """The reference itself: plain (non-speculative) sampling from the engine fits the law."""
     llm = LLM(model=tiny_vocab_dir, max_running_requests=4096, max_prefill_tokens=4096 * len(PROMPT),
-              kv_cache_tokens=4096 * 12, page_size=4)
+              kv_cache_tokens=4096 * 12, page_size=4, detokenize=False)
     samples = sample_continuations(llm, PROMPT, SETTINGS["t13_topp_minp"], NUM_SAMPLES, NUM_TOKENS)
     assert chi_square_against_law(samples, laws["t13_topp_minp"]).p_value > ALPHA

@@ -44,6 +44,7 @@ class EngineConfig:
     max_model_len: int | None = None
     max_prefill_tokens: int = 2048
     seed: int = 0
+    detokenize: bool = True   # False: token ids only (statistical tools); stop strings then refused
 
     def validate(self) -> None:
         if self.spec not in SPEC_ALGORITHMS:
@@ -141,8 +142,11 @@ class Engine:
                        make_generator(params.seed), self._arrivals,
                        metrics=SpecMetrics(algorithm=self.spec_algorithm))
         self._arrivals += 1
+        if params.stop and not self.config.detokenize:
+            raise ValueError("stop strings need detokenization, which this engine has turned off")
         stop_ids = set(params.stop_token_ids or []) | (set() if params.ignore_eos else self.eos_ids)
-        self._requests[request_id] = _RequestState(seq, self.tokenizer.detokenizer(list(prompt_token_ids)), stop_ids)
+        detok = self.tokenizer.detokenizer(list(prompt_token_ids)) if self.config.detokenize else None
+        self._requests[request_id] = _RequestState(seq, detok, stop_ids)
         self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> None:
@@ -221,6 +225,10 @@ class Engine:
             seq.tokens.append(t)
             new_ids.append(t)
             reason = token_stop_reason(t, seq.num_output, params.max_tokens, state.stop_ids)
+            if state.detok is None:
+                if reason is not None:
+                    break
+                continue
             if t in state.stop_ids:
                 state.text += state.detok.flush()
                 break
@@ -233,7 +241,7 @@ class Engine:
                     break
             if reason is not None:
                 break
-        if reason == "length":
+        if reason == "length" and state.detok is not None:
             state.text += state.detok.flush()
             if params.stop:
                 cut = first_stop_string(state.text, params.stop, state.emitted)
@@ -248,4 +256,4 @@ class Engine:
             self.scheduler.remove(seq)
             del self._requests[seq.request_id]
         return StepOutput(seq.request_id, new_ids, new_text, reason is not None, reason,
-                          seq.num_prompt, seq.num_output, seq.metrics)
+                          seq.num_prompt, seq.num_output, seq.metrics.snapshot())

@@ -44,6 +44,11 @@ class SpecMetrics:
         for k, c in enumerate(other.accepted_per_position):
             self.accepted_per_position[k] += c
 
+    def snapshot(self) -> "SpecMetrics":
+        """An independent copy (outputs outlive the step that produced them)."""
+        return SpecMetrics(self.algorithm, self.verify_steps, self.drafted_tokens, self.accepted_tokens,
+                           self.committed_tokens, list(self.accepted_per_position))
+
     def to_dict(self) -> dict:
         return {
             "algorithm": self.algorithm,

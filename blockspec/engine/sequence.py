@@ -18,7 +18,7 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the scheduler's list membership must not compare fields
 class Sequence:
     """One request. `tokens` = prompt + committed output.
 

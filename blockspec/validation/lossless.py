@@ -90,7 +90,10 @@ def chi_square_two_sample(a: list[tuple[int, ...]], b: list[tuple[int, ...]], mi
 
 def sample_continuations(llm, prompt: list[int], params: SamplingParams, num_samples: int,
                          num_tokens: int, seed_offset: int = 0) -> list[tuple[int, ...]]:
-    """The first `num_tokens` tokens of `num_samples` seeded requests (seeds offset + i)."""
+    """The first `num_tokens` tokens of `num_samples` seeded requests (seeds offset + i).
+
+    `llm` may be built with `detokenize=False`: only token ids are compared.
+    """
     fields = {k: getattr(params, k) for k in ("temperature", "top_p", "top_k", "min_p")}
     plist = [SamplingParams(**fields, max_tokens=num_tokens, ignore_eos=True, seed=seed_offset + i)
              for i in range(num_samples)]

@@ -1,0 +1,47 @@
+"""Benchmarks: `blockspec bench serve` (any OpenAI-compatible server) and `blockspec bench offline`
+(speculative vs plain decoding in one process). Helpers shared by their reports live here."""
+
+from __future__ import annotations
+
+import math
+
+PERCENTILES = (50, 90, 99)
+
+
+def summarize(values: list[float], scale: float = 1.0) -> dict[str, float | None]:
+    """mean, p50, p90, p99 of `values` times `scale` (None for an empty list)."""
+    if not values:
+        return {"mean": None, **{f"p{q}": None for q in PERCENTILES}}
+    ordered = sorted(v * scale for v in values)
+    return {"mean": sum(ordered) / len(ordered), **{f"p{q}": percentile(ordered, q) for q in PERCENTILES}}
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    """Linear-interpolation percentile of an ascending list (numpy's default rule)."""
+    pos = (len(ordered) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def format_table(headers: list[str], rows: list[list]) -> str:
+    """A plain fixed-width text table: numbers right-aligned (floats with 2 decimals, 3 below
+    10), text left-aligned, None as '-'."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    numeric = [all(_is_number(row[i]) for row in rows) and bool(rows) for i in range(len(headers))]
+
+    def line(values: list[str]) -> str:
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)).rstrip()
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in cells])
+
+
+def _is_number(value) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.2f}"
+    return str(value)

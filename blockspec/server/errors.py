@@ -1,0 +1,113 @@
+"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}`, never a traceback."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger("blockspec")
+
+INVALID_REQUEST = "invalid_request_error"
+SERVER_ERROR = "server_error"
+
+
+class APIError(Exception):
+    """An error answered with an OpenAI-style body."""
+
+    def __init__(self, status: int, message: str, *, type: str = INVALID_REQUEST,
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def to_dict(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def invalid_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error.to_dict(), status_code=error.status)
+
+
+# ---- pydantic validation errors → one OpenAI-style 400 --------------------------------------
+
+# pydantic puts the tried union member into `loc` ('stop', 'str'); those are not fields.
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "literal"})
+
+
+def _param_path(loc: tuple) -> str | None:
+    """('messages', 0, 'content') -> 'messages[0].content'; union tags like 'list[int]' dropped."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif isinstance(part, str) and part.isidentifier() and part.lower() not in _UNION_TAGS:
+            path += f".{part}" if path else part
+    return path or None
+
+
+def from_validation_error(exc: ValidationError) -> APIError:
+    first = exc.errors(include_url=False)[0]
+    param = _param_path(tuple(first.get("loc", ())))
+    kind = first.get("type")
+    if kind == "extra_forbidden":
+        return invalid_request(f"Unrecognized request argument supplied: {param}", param)
+    if kind == "missing":
+        return invalid_request(f"Missing required parameter: '{param}'.", param)
+    where = f" for '{param}'" if param else ""
+    return invalid_request(f"Invalid value{where}: {first.get('msg', 'invalid value')}", param)
+
+
+_LEADING_NAME = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def param_named_in(message: str, candidates) -> str | None:
+    """The field a ValueError message starts with ('top_p must be ...' -> 'top_p'), if known."""
+    match = _LEADING_NAME.match(message)
+    return match.group(1) if match and match.group(1) in candidates else None
+
+
+# ---- exception handlers -------------------------------------------------------------------
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(APIError, _handle_api_error)
+    app.add_exception_handler(RequestValidationError, _handle_request_validation)
+    app.add_exception_handler(StarletteHTTPException, _handle_http_exception)
+    app.add_exception_handler(Exception, _handle_unexpected)
+
+
+async def _handle_api_error(request: Request, exc: APIError) -> JSONResponse:
+    return error_response(exc)
+
+
+async def _handle_request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    param = _param_path(tuple(first.get("loc", ()))[1:])  # drop 'body' / 'query'
+    return error_response(invalid_request(f"Invalid request: {first.get('msg', 'invalid')}", param))
+
+
+async def _handle_http_exception(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    kind = INVALID_REQUEST if exc.status_code < 500 else SERVER_ERROR
+    response = error_response(APIError(exc.status_code, str(exc.detail), type=kind))
+    for name, value in (exc.headers or {}).items():
+        response.headers[name] = value
+    return response
+
+
+async def _handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(APIError(500, "The server had an error while processing your request.",
+                                   type=SERVER_ERROR))

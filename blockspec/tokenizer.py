@@ -1,0 +1,185 @@
+"""Tokenizer: encoding, chat templates and incremental detokenization.
+
+Loading and chat-template rendering are delegated to transformers (`AutoTokenizer`), so a
+template stored in `tokenizer_config.json` or in `chat_template.jinja` renders exactly as
+transformers renders it. Only fast (`tokenizer.json`) tokenizers are supported.
+
+Streaming text out of a growing list of token ids is done by `IncrementalDetokenizer` with the
+prefix/read-offset technique: decode a short window of already-emitted tokens once without and
+once with the new tokens, and emit the difference. Decoding in context keeps byte-level and
+word-piece boundaries right (a token's text can depend on its neighbours), and holding back
+while the decoded tail ends in U+FFFD keeps a multi-byte character that is split across tokens
+from being emitted half-done.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+MASK_TOKEN = "<|MASK|>"
+REPLACEMENT_CHAR = "\ufffd"
+
+# Tokens before the unread ones that are decoded as context (a space or a word-piece join can
+# depend on the token before it); a few are enough.
+CONTEXT_TOKENS = 5
+# A split UTF-8 character spans at most 4 tokens (one byte each). Tokens held back far beyond
+# that are invalid bytes, not a split character: release them rather than grow the window.
+MAX_HELD_TOKENS = 16
+
+
+def _eos_ids_from_json(path: Path) -> list[int]:
+    """The `eos_token_id` entry (an int, a list of ints or absent) of a JSON file, as a list."""
+    if not path.is_file():
+        return []
+    try:
+        value = json.loads(path.read_text()).get("eos_token_id")
+    except (json.JSONDecodeError, AttributeError):
+        return []
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+
+
+def _unique(ids: list[int]) -> list[int]:
+    """`ids` without repeats, first occurrence order kept."""
+    return list(dict.fromkeys(ids))
+
+
+def collect_eos_token_ids(model_dir: Path, tokenizer_eos_id: int | None) -> list[int]:
+    """Union of the EOS ids of generation_config.json, config.json and the tokenizer."""
+    ids = _eos_ids_from_json(model_dir / "generation_config.json")
+    ids += _eos_ids_from_json(model_dir / "config.json")
+    if tokenizer_eos_id is not None:
+        ids.append(int(tokenizer_eos_id))
+    return _unique(ids)
+
+
+class Tokenizer:
+    """A model directory's tokenizer: encode/decode, chat templates, streaming detokenizers."""
+
+    def __init__(self, hf_tokenizer, eos_token_ids: list[int], source: str = "<memory>"):
+        self._hf = hf_tokenizer
+        self.source = source
+        self.eos_token_ids: list[int] = list(eos_token_ids)
+        self.vocab_size: int = len(hf_tokenizer)
+        self.mask_token_id: int | None = hf_tokenizer.backend_tokenizer.token_to_id(MASK_TOKEN)
+
+    @classmethod
+    def load(cls, model_dir: str | Path) -> "Tokenizer":
+        """Load the fast tokenizer of `model_dir` through transformers' AutoTokenizer."""
+        path = Path(model_dir)
+        if not path.is_dir():
+            raise FileNotFoundError(f"model directory {str(path)!r} does not exist")
+        if not (path / "tokenizer.json").is_file():
+            raise FileNotFoundError(
+                f"no tokenizer.json in {str(path)!r}: blockspec needs a fast (tokenizers) tokenizer")
+        from transformers import AutoTokenizer  # deferred: importing transformers is slow
+
+        try:
+            hf = AutoTokenizer.from_pretrained(str(path))
+        except Exception as exc:  # transformers raises many types for a broken tokenizer
+            raise ValueError(f"could not load the tokenizer in {str(path)!r}: {exc}") from exc
+        if getattr(hf, "backend_tokenizer", None) is None:
+            raise ValueError(f"the tokenizer in {str(path)!r} is not a fast (tokenizers) tokenizer")
+        return cls(hf, collect_eos_token_ids(path, hf.eos_token_id), source=str(path))
+
+    @property
+    def hf_tokenizer(self):
+        """The underlying transformers tokenizer (for callers that need more than this API)."""
+        return self._hf
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; `add_special_tokens` applies the tokenizer's post-processor (BOS…)."""
+        return list(self._hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Text of `ids`, exactly as transformers decodes it."""
+        return self._hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the directory provides a chat template."""
+        return bool(getattr(self._hf, "chat_template", None))
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs) -> str:
+        """The chat template applied to `messages`, as text (template kwargs pass through)."""
+        if not self.has_chat_template:
+            raise ValueError(
+                f"the tokenizer in {self.source!r} has no chat template (neither a 'chat_template' "
+                "entry in tokenizer_config.json nor a chat_template.jinja file)")
+        return self._hf.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            **template_kwargs) -> list[int]:
+        """Token ids of the rendered chat; special tokens are not added again (the template has them)."""
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, **template_kwargs)
+        return self.encode(text, add_special_tokens=False)
+
+    def detokenizer(self, prompt_ids: list[int] | None = None,
+                    skip_special_tokens: bool = True) -> "IncrementalDetokenizer":
+        """A streaming detokenizer for a sequence that continues `prompt_ids`."""
+        decode = self._hf.decode
+        return IncrementalDetokenizer(
+            lambda ids: decode(ids, skip_special_tokens=skip_special_tokens), prompt_ids)
+
+
+class IncrementalDetokenizer:
+    """Turns token ids pushed a few at a time into text, emitting only completed text.
+
+    Keeps a window `ids[prefix_offset:]` of the sequence: tokens before `read_offset` were
+    emitted already and serve as decoding context. Each push decodes the window with and
+    without the unread tokens and emits the difference, so its cost is O(window), not
+    O(sequence length).
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], prompt_ids: list[int] | None = None):
+        self._decode = decode
+        # Only the tail of the prompt matters as context; its text is not emitted.
+        self._window: list[int] = list(prompt_ids or [])[-CONTEXT_TOKENS:]
+        self._read = len(self._window)  # window index of the first token not emitted yet
+        self._chunks: list[str] = []
+
+    @property
+    def text(self) -> str:
+        """All text emitted so far."""
+        if len(self._chunks) > 1:
+            self._chunks = ["".join(self._chunks)]
+        return self._chunks[0] if self._chunks else ""
+
+    def push(self, new_ids: list[int]) -> str:
+        """Add generated tokens; return the text they complete (possibly "")."""
+        self._window.extend(int(i) for i in new_ids)
+        if self._read == len(self._window):
+            return ""
+        read_text = self._decode(self._window[:self._read])
+        full_text = self._decode(self._window)
+        # Wait while a character is still split across tokens (or, oddly, the text shrank),
+        # unless so many tokens are held that the tail is invalid bytes, not a split character.
+        waiting = full_text.endswith(REPLACEMENT_CHAR) or len(full_text) < len(read_text)
+        if waiting and len(self._window) - self._read <= MAX_HELD_TOKENS:
+            return ""
+        return self._advance(full_text[len(read_text):])
+
+    def flush(self) -> str:
+        """Return whatever is still held back (at the end of the sequence)."""
+        if self._read == len(self._window):
+            return ""
+        read_text = self._decode(self._window[:self._read])
+        return self._advance(self._decode(self._window)[len(read_text):])
+
+    def _advance(self, chunk: str) -> str:
+        """Record `chunk` as emitted and slide the window past the tokens it came from.
+
+        The window keeps the tokens just emitted, and at least CONTEXT_TOKENS tokens, as
+        context for the next decode (a chunk of skipped special tokens alone is poor context:
+        a SentencePiece decoder would strip the next word's leading space).
+        """
+        start = min(self._read, max(0, len(self._window) - CONTEXT_TOKENS))
+        self._window = self._window[start:]
+        self._read = len(self._window)
+        if chunk:
+            self._chunks.append(chunk)
+        return chunk

@@ -1,0 +1,144 @@
+"""DDTree through the engine: top-k 1 equals linear DFlash, greedy trees equal plain greedy,
+sampled trees are lossless (chi-square with a negative control), and after compaction the
+K/V cache equals one that only ever saw the accepted path."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import blockspec.engine.runner as runner_module
+from blockspec.engine.engine import Engine, EngineConfig
+from blockspec.llm import LLM
+from blockspec.spec.tree import DraftTree
+from blockspec.sampling import SamplingParams
+from blockspec.validation.lossless import chi_square_against_law, exact_joint_law, sample_continuations
+from dflash_fixtures import write_dflash_drafter
+from test_lossless import NUM_SAMPLES, NUM_TOKENS, PROMPT, SETTINGS, ALPHA, over_accepting_verify_tree
+from test_spec_greedy import prompts_for
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def drafter(qwen3_dir, tmp_path_factory):
+    return str(write_dflash_drafter(tmp_path_factory.mktemp("tree_drafter"), qwen3_dir, block_size=8))
+
+
+@pytest.mark.parametrize("budget", [3, 7])
+def test_topk1_tree_equals_linear_dflash(qwen3_dir, drafter, budget):
+    prompts = prompts_for(512, [6, 13, 21], seed=7)
+    sampled = SamplingParams(temperature=0.8, max_tokens=32, seed=5, ignore_eos=True)
+    chain = LLM(model=qwen3_dir, spec="dflash", draft_model=drafter, block_size=budget + 1)
+    tree = LLM(model=qwen3_dir, spec="ddtree", draft_model=drafter, block_size=budget + 1, budget=budget, topk=1)
+    for params in (GREEDY, sampled):
+        a, b = chain.generate(prompts, params), tree.generate(prompts, params)
+        for x, y in zip(a, b):
+            assert x.token_ids == y.token_ids
+            assert x.metrics.to_dict() | {"algorithm": None} == y.metrics.to_dict() | {"algorithm": None}
+            assert x.metrics.accepted_per_position == y.metrics.accepted_per_position
+
+
+@pytest.mark.parametrize("budget, topk", [(4, None), (16, None), (12, 3)])
+def test_greedy_tree_equals_plain(qwen3_dir, drafter, budget, topk):
+    prompts = prompts_for(512, [5, 18, 9, 27], seed=8)
+    expected = [o.token_ids for o in LLM(model=qwen3_dir).generate(prompts, GREEDY)]
+    tree = LLM(model=qwen3_dir, spec="ddtree", draft_model=drafter, budget=budget, topk=topk)
+    outs = tree.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == expected
+    assert tree.engine.allocator.num_used_pages == 0
+
+
+@pytest.fixture(scope="module")
+def tiny_law(tiny_vocab_dir):
+    hf = AutoModelForCausalLM.from_pretrained(tiny_vocab_dir, dtype=torch.float32).eval()
+
+    def next_logits(seqs):
+        with torch.no_grad():
+            return hf(torch.tensor(seqs)).logits[:, -1]
+    return {n: exact_joint_law(next_logits, PROMPT, SETTINGS[n], hf.config.vocab_size, NUM_TOKENS)
+            for n in ("t1", "t07_topk5", "t13_topp_minp")}
+
+
+@pytest.fixture(scope="module")
+def tiny_drafter(tiny_vocab_dir, tmp_path_factory):
+    return str(write_dflash_drafter(tmp_path_factory.mktemp("tiny_tree"), tiny_vocab_dir, block_size=8, std=0.3))
+
+
+def tree_llm(model, drafter, budget):
+    return LLM(model=model, spec="ddtree", draft_model=drafter, budget=budget, max_running_requests=4096,
+               max_prefill_tokens=4096 * len(PROMPT), kv_cache_tokens=4096 * 28, page_size=4, detokenize=False)
+
+
+@pytest.mark.parametrize("budget, setting", [(4, "t13_topp_minp"), (8, "t1"), (16, "t07_topk5")])
+def test_sampled_tree_is_lossless(tiny_vocab_dir, tiny_drafter, tiny_law, budget, setting):
+    llm = tree_llm(tiny_vocab_dir, tiny_drafter, budget)
+    samples = sample_continuations(llm, PROMPT, SETTINGS[setting], NUM_SAMPLES, NUM_TOKENS)
+    res = chi_square_against_law(samples, tiny_law[setting])
+    assert res.p_value > ALPHA, f"{budget=} {setting=} chi2={res.statistic:.1f} p={res.p_value:.2e}"
+    assert llm.engine.allocator.num_used_pages == 0
+
+
+def test_sampled_tree_negative_control_fails(tiny_vocab_dir, tiny_drafter, tiny_law, monkeypatch):
+    monkeypatch.setattr(runner_module, "verify_tree", over_accepting_verify_tree)
+    samples = sample_continuations(tree_llm(tiny_vocab_dir, tiny_drafter, 8), PROMPT, SETTINGS["t1"],
+                                   NUM_SAMPLES, NUM_TOKENS)
+    assert chi_square_against_law(samples, tiny_law["t1"]).p_value < ALPHA
+
+
+class DecoyTreeOracle:
+    """A tree whose accepted path is never contiguous: at each depth a wrong sibling (decoy)
+    comes before the right token, so the accepted nodes are 2, 4, 6, … and must be compacted."""
+
+    target_layer_ids = ()
+    block_size = 0
+
+    def __init__(self, continuation: list[int], depth: int, vocab: int):
+        self.cont, self.max_depth, self.vocab = continuation, depth, vocab
+        self.max_nodes = 2 * depth
+
+    def load(self, engine): pass
+    def allocate_cache(self, cache): pass
+    def on_prefill(self, *a): pass
+    def on_verify(self, *a): pass
+
+    def propose(self, seqs, roots, uniforms=None):
+        (s,) = seqs
+        right = self.cont[s.num_output:s.num_output + self.max_depth]
+        tokens, parents, depths = [s.last_token], [-1], [0]
+        parent = 0
+        for d, t in enumerate(right, start=1):
+            tokens += [(t + 1) % self.vocab, t]
+            parents += [parent, parent]
+            depths += [d, d]
+            parent = len(tokens) - 1
+        pad = 2 * self.max_depth + 1 - len(tokens)
+        tokens += [0] * pad
+        parents += [-2] * pad
+        depths += [0] * pad
+        return DraftTree(torch.tensor([tokens]), torch.tensor([parents]), torch.tensor([depths]),
+                         torch.tensor([2 * len(right)]), torch.zeros(1, len(tokens)), self.max_depth), None
+
+
+def test_compacted_cache_equals_cache_of_accepted_path(qwen3_dir):
+    """After tree verify steps with gaps in the accepted path, the target K/V of every committed
+    position equals what a plain prefill of the committed tokens writes."""
+    prompt = prompts_for(512, [10], seed=9)[0]
+    cont = LLM(model=qwen3_dir).generate(prompt, GREEDY)[0].token_ids
+    engine = Engine(EngineConfig(model=qwen3_dir, spec="ddtree"), proposer=DecoyTreeOracle(cont, 4, 512))
+    engine.add_request("r", prompt, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    for _ in range(5):
+        engine.step()
+    seq = engine.scheduler.running[0]
+    assert seq.output_ids == cont[:seq.num_output]
+    assert seq.metrics.accepted_tokens == 4 * seq.metrics.verify_steps  # every right node accepted
+    n = seq.num_cached
+    slots = torch.tensor([seq.page_table.slot(p) for p in range(n)])
+
+    plain = LLM(model=qwen3_dir).engine
+    plain.add_request("p", seq.tokens[:n], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+    pseq = plain.scheduler.waiting[0]
+    sched = plain.scheduler.schedule()
+    plain.runner.prefill(sched.seqs, sched.chunk_lens, [True], torch.zeros(1, 1, dtype=torch.float64))
+    pslots = torch.tensor([pseq.page_table.slot(p) for p in range(n)])
+    torch.testing.assert_close(engine.cache.k[:, slots], plain.cache.k[:, pslots], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(engine.cache.v[:, slots], plain.cache.v[:, pslots], rtol=1e-5, atol=1e-5)

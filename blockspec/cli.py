@@ -95,14 +95,22 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.set_defaults(func=cmd_generate)
 
-    try:
-        from blockspec.server.cli import add_serve_arguments
-    except ImportError:
-        add_serve_arguments = None
-    if add_serve_arguments is not None:
-        serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-        add_serve_arguments(serve)
-        serve.set_defaults(func=cmd_serve)
+    from blockspec.server.cli import add_serve_arguments
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    add_serve_arguments(serve)
+    serve.set_defaults(func=cmd_serve)
+
+    from blockspec.train.cli import (add_train_drafter_arguments, add_train_target_arguments,
+                                     run_train_drafter, run_train_target)
+    tt = sub.add_parser("train-target", help="train a small Qwen3-architecture chat model from scratch")
+    add_train_target_arguments(tt)
+    tt.set_defaults(func=run_train_target)
+    td = sub.add_parser("train-drafter", help="train a DFlash drafter for a target")
+    add_train_drafter_arguments(td)
+    td.set_defaults(func=run_train_drafter)
+
+    from blockspec.bench.cli import register
+    register(sub)
     return parser
 
 
@@ -132,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except UsageError as e:
+    except (UsageError, ValueError, FileNotFoundError) as e:
         print(f"blockspec {args.command}: error: {e}", file=sys.stderr)
         return 2
 

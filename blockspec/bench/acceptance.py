@@ -1,0 +1,101 @@
+"""Accept length of a drafter on held-out prompts, measured with the engine.
+
+`python -m blockspec.bench.acceptance --target DIR --drafter STEP=DIR ... --output results.json`
+runs greedy and sampled decoding over held-out ShareGPT and HumanEval prompts, for each
+drafter snapshot, and records accept length (committed tokens per verify step, bonus
+included) and per-position acceptance rates; `--plot` draws accept length against steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from blockspec.engine.outputs import SpecMetrics
+from blockspec.llm import LLM
+from blockspec.sampling import SamplingParams
+
+
+def load_prompt_sets(tokenizer, num_prompts: int) -> dict[str, list[list[int]]]:
+    from blockspec.train.data import humaneval_prompts, render_prompt, sharegpt_held_out_prompts
+    hf = tokenizer.hf_tokenizer
+    sets = {"sharegpt": sharegpt_held_out_prompts(num_prompts), "humaneval": humaneval_prompts(num_prompts)}
+    return {name: [render_prompt(hf, p.messages)[-320:] for p in prompts] for name, prompts in sets.items()}
+
+
+def measure(llm: LLM, prompts: list[list[int]], temperature: float, max_tokens: int, batch: int) -> dict:
+    total = SpecMetrics(algorithm=llm.engine.spec_algorithm)
+    tokens, start = 0, time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=i + j)
+                  for j in range(len(prompts[i:i + batch]))]
+        for out in llm.generate(prompts[i:i + batch], params):
+            total.merge(out.metrics)
+            tokens += len(out.token_ids)
+    elapsed = time.perf_counter() - start
+    steps = max(total.verify_steps, 1)
+    return {"accept_length": total.accept_length, "verify_steps": total.verify_steps,
+            "drafted_tokens": total.drafted_tokens, "accepted_tokens": total.accepted_tokens,
+            "acceptance_per_position": [c / steps for c in total.accepted_per_position],
+            "output_tokens": tokens, "tokens_per_s": tokens / elapsed, "num_prompts": len(prompts)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--drafter", action="append", required=True, help="STEP=DIR (repeatable)")
+    ap.add_argument("--spec", default="dflash")
+    ap.add_argument("--block-size", type=int, default=None)
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--output", required=True)
+    ap.add_argument("--plot", default=None, help="PNG: accept length against training steps")
+    args = ap.parse_args(argv)
+    temps = [float(t) for t in args.temperatures.split(",")]
+    records = []
+    prompt_sets = None
+    for item in args.drafter:
+        step, _, path = item.partition("=")
+        llm = LLM(model=args.target, draft_model=path, spec=args.spec, block_size=args.block_size,
+                  device=args.device, dtype=args.dtype, max_running_requests=args.batch)
+        prompt_sets = prompt_sets or load_prompt_sets(llm.tokenizer, args.num_prompts)
+        for name, prompts in prompt_sets.items():
+            for t in temps:
+                rec = {"step": int(step), "dataset": name, "temperature": t,
+                       **measure(llm, prompts, t, args.max_tokens, args.batch)}
+                print(json.dumps({k: v for k, v in rec.items() if k != "acceptance_per_position"}), flush=True)
+                records.append(rec)
+    out = {"command": "python -m blockspec.bench.acceptance " + " ".join(argv or __import__("sys").argv[1:]),
+           "target": args.target, "block_size": args.block_size, "max_tokens": args.max_tokens,
+           "records": records}
+    Path(args.output).write_text(json.dumps(out, indent=2))
+    if args.plot:
+        plot_accept_vs_steps(records, args.plot)
+    return 0
+
+
+def plot_accept_vs_steps(records: list[dict], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    keys = sorted({(r["dataset"], r["temperature"]) for r in records})
+    for ds, t in keys:
+        pts = sorted((r["step"], r["accept_length"]) for r in records if (r["dataset"], r["temperature"]) == (ds, t))
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{ds} T={t:g}")
+    ax.set_xlabel("drafter training steps")
+    ax.set_ylabel("accept length (tokens / verify step)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

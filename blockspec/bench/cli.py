@@ -189,6 +189,9 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         return 2
     print(f"server {document['server_url']}  model {document['model']}  dataset {args.dataset}")
     print(format_records(document["records"]))
+    for r in document["records"]:
+        if r["failed"]:
+            print(f"concurrency {r['concurrency']} T={r['temperature']:g}: {r['failed']} failed, e.g. {r['errors'][0]}")
     print(f"results: {Path(output_dir) / 'results.json'}")
     return 0
 

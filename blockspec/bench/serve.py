@@ -34,6 +34,8 @@ SPEC_COUNTERS = (
     ("blockspec:spec_verify_steps_total", "blockspec:spec_accepted_tokens_total"),
     ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total"),
 )
+GENERATION_COUNTERS = ("blockspec:generation_tokens_total", "vllm:generation_tokens_total")
+METRICS_SETTLE_S = 2.0
 
 
 class ServerUnreachable(ConnectionError):
@@ -106,11 +108,15 @@ def parse_prometheus(text: str) -> dict[str, float]:
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
-        name_part, _, value = line.rpartition(" ")
-        name = name_part.split("{", 1)[0].strip()
+        if "{" in line:  # name{labels} value [timestamp]; label values may hold spaces
+            name, _, rest = line.partition("{")
+            rest = rest.rpartition("}")[2]
+        else:
+            name, _, rest = line.partition(" ")
+        fields = rest.split()
         try:
-            values[name] = values.get(name, 0.0) + float(value)
-        except ValueError:
+            values[name.strip()] = values.get(name.strip(), 0.0) + float(fields[0])
+        except (ValueError, IndexError):
             continue
     return values
 
@@ -122,6 +128,23 @@ async def scrape_metrics(client: httpx.AsyncClient, base: str) -> dict[str, floa
     except httpx.HTTPError:
         return None
     return parse_prometheus(response.text) if response.status_code == 200 else None
+
+
+async def settled_metrics(client: httpx.AsyncClient, base: str, before: dict[str, float] | None,
+                          generated: int) -> dict[str, float] | None:
+    """/metrics once the server has counted the cell's `generated` tokens.
+
+    A server may stream a request's last chunk before its metrics see that step, so a scrape
+    right after the cell can miss it; the generation-token counter tells when it has caught up.
+    """
+    deadline = time.monotonic() + METRICS_SETTLE_S
+    while True:
+        after = await scrape_metrics(client, base)
+        name = next((n for n in GENERATION_COUNTERS if after and n in after), None)
+        if before is None or name is None or after[name] - before.get(name, 0.0) >= generated \
+                or time.monotonic() > deadline:
+            return after
+        await asyncio.sleep(0.02)
 
 
 def accept_length_from_counters(before: dict[str, float] | None, after: dict[str, float] | None) -> float | None:
@@ -296,7 +319,7 @@ async def run_sweep(config: ServeBenchConfig) -> dict:
             for concurrency in config.concurrencies:
                 before = await scrape_metrics(client, base)
                 results, duration = await run_cell(client, config, base, model, concurrency, temperature)
-                after = await scrape_metrics(client, base)
+                after = await settled_metrics(client, base, before, sum(r.output_tokens for r in results if r.ok))
                 records.append(cell_record(concurrency, temperature, results, duration,
                                            accept_length_from_counters(before, after)))
     return {"server_url": base, "model": model, "records": records}

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -315,6 +316,7 @@ def train(settings: TrainSettings, model: nn.Module, batch_loss: Callable[[int],
         bar.write(f"step {step}: " + ", ".join(f"eval {k} {v:.4f}" for k, v in metrics.items()))
 
     model.train()
+    started = time.perf_counter()
     bar = tqdm(total=settings.total_steps, initial=start, desc=settings.description,
                disable=not settings.progress, dynamic_ncols=True)
     for step in range(start, settings.total_steps):
@@ -328,7 +330,9 @@ def train(settings: TrainSettings, model: nn.Module, batch_loss: Callable[[int],
         optimizer.zero_grad(set_to_none=True)
         done = step + 1
         loss_value = float(loss.detach())
-        append_log(log_path, {"step": done, "loss": loss_value, "lr": lr})
+        # elapsed_s: wall time since this process started training (for throughput)
+        append_log(log_path, {"step": done, "loss": loss_value, "lr": lr,
+                              "elapsed_s": round(time.perf_counter() - started, 3)})
         bar.update(1)
         bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
         if settings.eval_every and done % settings.eval_every == 0:

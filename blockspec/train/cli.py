@@ -17,7 +17,8 @@ DEFAULT_DRAFTER_EPOCHS = 6.0  # REFERENCE §1
 
 def _add_common(parser: argparse.ArgumentParser, *, lr: float, batch_size: int, weight_decay: float) -> None:
     g = parser.add_argument_group("training")
-    g.add_argument("--data", required=True, help="sharegpt | text:FILE | jsonl:FILE (chats with 'messages')")
+    g.add_argument("--data", required=True, help="sharegpt | sharegpt:FILE | text:FILE | jsonl:FILE (chats with "
+                   "'messages'); FILE may be .gz")
     g.add_argument("--out", required=True, help="output directory (model, train_log.jsonl, loss_curve.png)")
     g.add_argument("--steps", type=int, default=None, help="optimizer steps (or use --epochs)")
     g.add_argument("--epochs", type=float, default=None, help="passes over the training split")
@@ -72,6 +73,14 @@ def add_train_drafter_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
 
 
 def _check_common(args) -> None:
+    if args.steps is not None and args.epochs is not None:
+        raise ValueError("give --steps or --epochs, not both")
+    if args.steps is not None and args.steps < 1:
+        raise ValueError(f"--steps must be positive, got {args.steps}")
+    if args.epochs is not None and args.epochs <= 0:
+        raise ValueError(f"--epochs must be positive, got {args.epochs}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be positive, got {args.batch_size}")
     if args.lr <= 0:
         raise ValueError(f"--lr must be positive, got {args.lr}")
     if not 0 <= args.warmup < 1:
@@ -108,6 +117,7 @@ def _epochs(args, default: float) -> float | None:
 
 
 def run_train_target(args) -> int:
+    from blockspec.train import check_out_dir
     from blockspec.train.target import TargetRun, TargetShape, count_parameters, train_target
 
     _check_common(args)
@@ -121,7 +131,6 @@ def run_train_target(args) -> int:
                     seed=args.seed, loss_on=args.loss_on, tokenizer_dir=args.tokenizer, vocab_size=args.vocab_size,
                     tokenizer_chars=args.tokenizer_chars, held_out_fraction=args.held_out_fraction,
                     limit=args.limit, eval_batches=args.eval_batches)
-    from blockspec.train import check_out_dir
     check_out_dir(run.out_dir, args.resume)
     result, model = train_target(run)
     print(f"train-target: {result.steps} steps, final loss {result.final_loss}, "

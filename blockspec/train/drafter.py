@@ -229,11 +229,17 @@ def make_block_batch(input_ids: torch.Tensor, loss_mask: torch.Tensor, block_siz
                       training_attention_mask(anchors, block_size, input_ids.shape[-1]))
 
 
+def block_hidden(drafter: DFlashDrafter, target: FrozenTarget, input_ids: torch.Tensor,
+                 blocks: BlockBatch) -> torch.Tensor:
+    """The frozen target's features and embeddings through the dense drafter forward `[Bs, Q, H]`."""
+    return dense_block_hidden(drafter, target.features(input_ids), target.embed(blocks.block_ids),
+                              blocks.block_pos, blocks.visible)
+
+
 def block_logits(drafter: DFlashDrafter, target: FrozenTarget, input_ids: torch.Tensor,
                  blocks: BlockBatch) -> torch.Tensor:
     """Drafter logits at every block token `[Bs, Q, V]` (for tests and small batches)."""
-    hidden = dense_block_hidden(drafter, target.features(input_ids), target.embed(blocks.block_ids),
-                                blocks.block_pos, blocks.visible)
+    hidden = block_hidden(drafter, target, input_ids, blocks)
     return F.linear(hidden, target.lm_head_weight.to(hidden.dtype))
 
 
@@ -245,8 +251,7 @@ def drafter_loss(drafter: DFlashDrafter, target: FrozenTarget, input_ids: torch.
     with_accept: also return the mean number of leading block positions whose argmax is the
     data's next token, + 1 — an accept length against the data (not the target's outputs).
     """
-    hidden = dense_block_hidden(drafter, target.features(input_ids), target.embed(blocks.block_ids),
-                                blocks.block_pos, blocks.visible)
+    hidden = block_hidden(drafter, target, input_ids, blocks)
     weights = position_weights(block_size, gamma, input_ids.device).repeat(blocks.block_ids.shape[-1] // block_size)
     trained = blocks.trained
     logits = F.linear(hidden[trained], target.lm_head_weight.to(hidden.dtype))

@@ -20,7 +20,7 @@ serve: $(STAMP)
 	$(BIN)/blockspec serve --host 127.0.0.1 --port 8000
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -q tests
 
 clean:
 	rm -rf $(VENV)

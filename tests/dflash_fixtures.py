@@ -10,6 +10,7 @@ from safetensors.torch import save_file
 
 from blockspec.config import ModelConfig
 from blockspec.models.dflash import DFlashConfig, DFlashDrafter
+from blockspec.train.drafter import drafter_config_dict
 
 
 def write_dflash_drafter(out_dir, target_dir, *, block_size=8, num_layers=2, target_layer_ids=None,
@@ -24,27 +25,16 @@ def write_dflash_drafter(out_dir, target_dir, *, block_size=8, num_layers=2, tar
     out.mkdir(parents=True, exist_ok=True)
     target = ModelConfig.load(target_dir)
     mask_id = target.vocab_size - 1
-    dflash_cfg = {"mask_token_id": mask_id}
-    if target_layer_ids is not None:
-        dflash_cfg["target_layer_ids"] = list(target_layer_ids)
-    cfg = {
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "block_size": block_size,
-        "num_target_layers": target.num_layers,
-        "num_hidden_layers": num_layers,
-        "hidden_size": hidden_size or target.hidden_size,
-        "intermediate_size": 2 * (hidden_size or target.hidden_size),
-        "num_attention_heads": target.num_heads,
-        "num_key_value_heads": target.num_kv_heads,
-        "head_dim": target.head_dim,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": target.rope.theta,
-        "vocab_size": vocab_size or target.vocab_size,
-        "max_position_embeddings": target.max_position_embeddings,
-        "tie_word_embeddings": False,
-        "dflash_config": dflash_cfg,
-    }
+    cfg = drafter_config_dict(target, num_layers, block_size, mask_id)
+    # Written as z-lab checkpoints may be: without target_layer_ids (defaults apply) and, for
+    # refusal tests, with sizes or ids that do not fit the target.
+    if target_layer_ids is None:
+        del cfg["dflash_config"]["target_layer_ids"]
+    else:
+        cfg["dflash_config"]["target_layer_ids"] = list(target_layer_ids)
+    cfg["hidden_size"] = hidden_size or target.hidden_size
+    cfg["intermediate_size"] = 2 * cfg["hidden_size"]
+    cfg["vocab_size"] = vocab_size or target.vocab_size
     if layer_types is not None:
         cfg["layer_types"] = list(layer_types)
         cfg["sliding_window"] = sliding_window

@@ -114,3 +114,18 @@ def check_drafter_against_dense(engine, prop, hf, cfg, seq):
         sd = {k: v.float() for k, v in prop.drafter.state_dict().items()}
         ref = dense_draft_logits(sd, cfg, feats, emb[block], hf.lm_head.weight, cfg["rope_theta"])
     torch.testing.assert_close(captured["logits"][0], ref[1:], rtol=1e-4, atol=1e-4)
+
+
+def test_sliding_window_drafter_loads_and_runs(tmp_path, qwen3_dir):
+    """`layer_types` with sliding layers (newer drafters): loads, masks per layer, and stays
+    lossless in greedy decoding."""
+    from blockspec.llm import LLM
+    from blockspec.sampling import SamplingParams
+    d = write_dflash_drafter(tmp_path / "sw", qwen3_dir, block_size=6, layer_types=["sliding_attention", "full_attention"],
+                             sliding_window=4)
+    spec = LLM(model=qwen3_dir, spec="dflash", draft_model=str(d))
+    assert spec.engine.proposer.drafter.config.layer_window(0) == (4, True)
+    assert spec.engine.proposer.drafter.config.layer_window(1) == (None, False)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompt = list(range(3, 20))
+    assert spec.generate(prompt, params)[0].token_ids == LLM(model=qwen3_dir).generate(prompt, params)[0].token_ids

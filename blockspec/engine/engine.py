@@ -169,43 +169,44 @@ class Engine:
         scheduled = self.scheduler.schedule()
         if scheduled is None:
             return []
-        seqs = scheduled.seqs
         if scheduled.kind == "prefill":
-            samples = [s.num_cached + n == s.prefill_target and s.num_output == 0
-                       for s, n in zip(seqs, scheduled.chunk_lens)]
-            uniforms = self._uniforms(seqs, 1, samples)
-            tokens, features, batch, positions = self.runner.prefill(seqs, scheduled.chunk_lens, samples, uniforms)
-            if self.proposer:
-                self.proposer.on_prefill(seqs, features, batch, positions)
-            for s, n in zip(seqs, scheduled.chunk_lens):
-                s.num_cached += n
-            results = [([t], 0, False) if t is not None else None for t in tokens]
+            return self._prefill_step(scheduled.seqs, scheduled.chunk_lens)
+        return self._decode_step(scheduled.seqs)
+
+    def _prefill_step(self, seqs: list[Sequence], chunk_lens: list[int]) -> list[StepOutput]:
+        samples = [s.num_cached + n == s.prefill_target and s.num_output == 0 for s, n in zip(seqs, chunk_lens)]
+        uniforms = self._uniforms(seqs, 1, samples)
+        tokens, features, batch, positions = self.runner.prefill(seqs, chunk_lens, samples, uniforms)
+        if self.proposer:
+            self.proposer.on_prefill(seqs, features, batch, positions)
+        for s, n in zip(seqs, chunk_lens):
+            s.num_cached += n
+        return [self._commit(self._requests[s.request_id], [t]) for s, t in zip(seqs, tokens) if t is not None]
+
+    def _decode_step(self, seqs: list[Sequence]) -> list[StepOutput]:
+        """Draft (if speculating), verify in one target forward, commit, roll back the rest."""
+        roots = torch.tensor([s.last_token for s in seqs], dtype=torch.long)
+        depth = self.proposer.max_depth if self.proposer else 0
+        # Every request draws the same number of uniforms per step, whatever is accepted.
+        n = 3 * depth + 1 if self.config.spec_verify == "rejection" else depth + 1
+        uniforms = self._uniforms(seqs, n, [True] * len(seqs))
+        if self.proposer:
+            tree, draft_probs = self.proposer.propose(seqs, roots, uniforms)
         else:
-            roots = torch.tensor([s.last_token for s in seqs], dtype=torch.long)
-            depth = self.proposer.max_depth if self.proposer else 0
-            # Every request draws the same number of uniforms per step, whatever is accepted.
-            n = 3 * depth + 1 if self.config.spec_verify == "rejection" else depth + 1
-            uniforms = self._uniforms(seqs, n, [True] * len(seqs))
-            if self.proposer:
-                tree, draft_probs = self.proposer.propose(seqs, roots, uniforms)
-            else:
-                tree, draft_probs = chain_tree(torch.zeros(len(seqs), 0, dtype=torch.long), roots), None
-            step, path_features, path = self.runner.verify(seqs, tree, uniforms, draft_probs)
-            if self.proposer:
-                self.proposer.on_verify(seqs, step, path_features)
-            drafted = tree.num_nodes.tolist()
-            results = []
-            for s, committed, accepted in zip(seqs, step.committed, step.accepted):
-                s.num_cached += accepted + 1
-                s.page_table.truncate(self.allocator, s.num_cached)
-                results.append((committed, accepted, True))
-            for s, d, (committed, accepted, _) in zip(seqs, drafted, results):
-                if self.proposer:
-                    s.metrics.record_step(d, accepted, len(committed))
+            tree, draft_probs = chain_tree(torch.zeros(len(seqs), 0, dtype=torch.long), roots), None
+        step, path_features, _ = self.runner.verify(seqs, tree, uniforms, draft_probs)
+        if self.proposer:
+            self.proposer.on_verify(seqs, step, path_features)
         outputs = []
-        for s, res in zip(seqs, results):
-            if res is not None:
-                outputs.append(self._commit(self._requests[s.request_id], res[0]))
+        for s, committed, accepted, drafted in zip(seqs, step.committed, step.accepted, tree.num_nodes.tolist()):
+            s.num_cached += accepted + 1          # the root and the accepted drafts are cached
+            s.page_table.truncate(self.allocator, s.num_cached)
+            out = self._commit(self._requests[s.request_id], committed)
+            if self.proposer:
+                # Committed = what was kept: a stop or max_tokens may cut the block short.
+                s.metrics.record_step(drafted, accepted, len(out.new_token_ids))
+                out.metrics = s.metrics.snapshot()
+            outputs.append(out)
         return outputs
 
     def _uniforms(self, seqs: list[Sequence], n: int, rows: list[bool]) -> torch.Tensor:

@@ -2,8 +2,9 @@
 
 Between steps requests join (waiting) and leave (finished or aborted). A step is either a
 prefill step (new or preempted requests, chunked to a token budget) or a decode/verify step
-over every running request. When pages run out for a decode step the newest running request
-is preempted: its pages go back to the pool and it is recomputed later from its tokens.
+over every running request; while both kinds have work they alternate, so decoding requests
+keep going during a long chunked prefill. When pages run out the newest running request (by
+arrival) is preempted: its pages go back to the pool and it is recomputed later from its tokens.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Scheduler:
         self.lookahead = lookahead
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self._last_kind: str | None = None  # kind of the previous step
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -48,11 +50,19 @@ class Scheduler:
 
     def schedule(self) -> ScheduledStep | None:
         while True:
-            step = self._schedule_prefill() or self._schedule_decode()
-            if step is not None or not self.running:
+            # After a prefill step running decodes go first, so that a long chunked prefill or a
+            # stream of admissions cannot stall the requests that are already decoding.
+            if self._last_kind == "prefill":
+                step = self._schedule_decode() or self._schedule_prefill()
+            else:
+                step = self._schedule_prefill() or self._schedule_decode()
+            if step is not None:
+                self._last_kind = step.kind
                 return step
+            if not self.running:
+                return None
             # Partly prefilled requests hold every page: give the newest one's back.
-            self.preempt(self.running[-1])
+            self.preempt(self._newest_running())
 
     def _schedule_prefill(self) -> ScheduledStep | None:
         budget = self.max_prefill_tokens
@@ -88,12 +98,20 @@ class Scheduler:
             if self._reserve(seq, seq.num_cached + self.lookahead):
                 i += 1
                 continue
-            victim = decoding[-1]
+            # The newest request (by arrival) gives its pages back, also when it is one whose
+            # prompt is only partly cached; then retry (seq itself may have been the victim).
+            victim = self._newest_running()
             self.preempt(victim)
-            decoding.pop()
-            if victim is seq:
-                continue
+            for j, s in enumerate(decoding):
+                if s is victim:
+                    del decoding[j]
+                    if j < i:
+                        i -= 1
+                    break
         return ScheduledStep("decode", decoding, []) if decoding else None
+
+    def _newest_running(self) -> Sequence:
+        return max(self.running, key=lambda s: s.arrival)
 
     def preempt(self, seq: Sequence) -> None:
         """Free a running request's pages; it is recomputed from its tokens when readmitted."""

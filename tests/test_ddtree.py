@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 import blockspec.engine.runner as runner_module
 from blockspec.engine.engine import Engine, EngineConfig
 from blockspec.llm import LLM
+from blockspec.spec.proposers import Proposer
 from blockspec.spec.tree import DraftTree
 from blockspec.sampling import SamplingParams
 from blockspec.validation.lossless import chi_square_against_law, exact_joint_law, sample_continuations
@@ -85,21 +86,15 @@ def test_sampled_tree_negative_control_fails(tiny_vocab_dir, tiny_drafter, tiny_
     assert chi_square_against_law(samples, tiny_law["t1"]).p_value < ALPHA
 
 
-class DecoyTreeOracle:
+class DecoyTreeOracle(Proposer):
     """A tree whose accepted path is never contiguous: at each depth a wrong sibling (decoy)
     comes before the right token, so the accepted nodes are 2, 4, 6, … and must be compacted."""
 
-    target_layer_ids = ()
-    block_size = 0
 
     def __init__(self, continuation: list[int], depth: int, vocab: int):
         self.cont, self.max_depth, self.vocab = continuation, depth, vocab
         self.max_nodes = 2 * depth
 
-    def load(self, engine): pass
-    def allocate_cache(self, cache): pass
-    def on_prefill(self, *a): pass
-    def on_verify(self, *a): pass
 
     def propose(self, seqs, roots, uniforms=None):
         (s,) = seqs

@@ -6,33 +6,21 @@ import torch
 from blockspec.engine.engine import Engine, EngineConfig
 from blockspec.llm import LLM
 from blockspec.sampling import SamplingParams
+from blockspec.spec.proposers import Proposer
 from blockspec.spec.tree import chain_tree
 from dflash_fixtures import write_dflash_drafter
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
 
 
-class OracleProposer:
+class OracleProposer(Proposer):
     """Proposes the target's own greedy continuation: every draft must be accepted."""
 
-    target_layer_ids = ()
-    block_size = 0
 
     def __init__(self, continuations: dict[tuple, list[int]], num_draft: int):
         self.continuations = continuations
         self.max_depth = self.max_nodes = num_draft
 
-    def load(self, engine):
-        pass
-
-    def allocate_cache(self, cache):
-        pass
-
-    def on_prefill(self, *args):
-        pass
-
-    def on_verify(self, *args):
-        pass
 
     def propose(self, seqs, roots, uniforms=None):
         rows, counts = [], []

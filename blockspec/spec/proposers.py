@@ -23,15 +23,20 @@ from blockspec.spec.ngram import propose_ngram_batch
 from blockspec.spec.tree import DraftTree, build_tree, chain_tree
 
 
-class NgramProposer:
-    """Prompt lookup: continue the most recent earlier match of the last n tokens."""
+class Proposer:
+    """The interface the engine drives; hooks a drafter needs no state for are no-ops.
+
+    load(engine)                 load weights, fix max_depth / max_nodes / block_size
+    allocate_cache(target_cache) make any cache that shares the target's pages
+    on_prefill(seqs, features, batch, positions)   committed prompt chunks' target features
+    propose(seqs, roots, uniforms) -> (DraftTree, draft_probs | None)
+    on_verify(seqs, step, path_features)           the committed path's target features
+    """
 
     target_layer_ids: tuple[int, ...] = ()
     block_size = 0
-
-    def __init__(self, num_draft: int, max_ngram: int = 3):
-        self.max_depth = self.max_nodes = num_draft
-        self.max_ngram = max_ngram
+    max_depth = 0
+    max_nodes = 0
 
     def load(self, engine) -> None:
         pass
@@ -43,14 +48,25 @@ class NgramProposer:
         pass
 
     def propose(self, seqs: list[Sequence], roots: torch.Tensor, uniforms=None):
-        drafts, counts = propose_ngram_batch([s.tokens for s in seqs], self.max_nodes, self.max_ngram)
-        return chain_tree(drafts, roots, counts), None
+        raise NotImplementedError
 
     def on_verify(self, seqs, step: StepResult, path_features) -> None:
         pass
 
 
-class DFlashProposer:
+class NgramProposer(Proposer):
+    """Prompt lookup: continue the most recent earlier match of the last n tokens."""
+
+    def __init__(self, num_draft: int, max_ngram: int = 3):
+        self.max_depth = self.max_nodes = num_draft
+        self.max_ngram = max_ngram
+
+    def propose(self, seqs: list[Sequence], roots: torch.Tensor, uniforms=None):
+        drafts, counts = propose_ngram_batch([s.tokens for s in seqs], self.max_nodes, self.max_ngram)
+        return chain_tree(drafts, roots, counts), None
+
+
+class DFlashProposer(Proposer):
     """Linear DFlash (a chain of argmax drafts) or DDTree (a best-first tree) from one drafter pass."""
 
     def __init__(self, draft_dir: str, block_size: int | None, tree_budget: int | None = None,

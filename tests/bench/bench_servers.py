@@ -4,33 +4,11 @@ the real blockspec app over a real engine, and a deliberately broken OpenAI-comp
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 
-import uvicorn
+from serving import serve_in_thread
 from fastapi import FastAPI, Request
 
 GREEDY_WORDS = "the sea is calm and the waves are slow under a grey sky tonight".split()
-
-
-@contextlib.contextmanager
-def serve_in_thread(app, timeout: float = 15.0):
-    """Yields the base URL of `app` served by uvicorn on 127.0.0.1:<ephemeral>."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off",
-                                           timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=server.run, name="bench-test-uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ import torch
 
 from blockspec.engine.engine import Engine, EngineConfig
 from blockspec.sampling import SamplingParams
+from blockspec.spec.proposers import Proposer
 from blockspec.spec.tree import chain_tree
 from dflash_fixtures import write_dflash_drafter
 
@@ -149,29 +150,16 @@ def test_requests_added_between_steps_join_the_running_batch(qwen3_dir, drafter_
             assert all(1 <= k <= run.engine.lookahead for k in committed.values())
 
 
-class PartialOracle:
+class PartialOracle(Proposer):
     """Drafts each request's true greedy continuation, but only its first `right[rid]` draft
     tokens are right (the next one is wrong), so every verify step of that request commits
     exactly right + 1 tokens, whatever else is in the batch."""
 
-    target_layer_ids = ()
-    block_size = 0
 
     def __init__(self, truth: dict[tuple, list[int]], right: dict[tuple, int], num_draft: int):
         self.truth, self.right = truth, right
         self.max_depth = self.max_nodes = num_draft
 
-    def load(self, engine):
-        pass
-
-    def allocate_cache(self, cache):
-        pass
-
-    def on_prefill(self, *args):
-        pass
-
-    def on_verify(self, *args):
-        pass
 
     def propose(self, seqs, roots, uniforms=None):
         rows = []

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import build_test_engine, live_server, using_fake_engine
+from live import build_test_engine, live_server, using_fake_engine
 from fake_engine import FakeEngine
 
 LONG = 200  # tokens: far more than are produced before the client hangs up

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import API_KEY, live_server, using_fake_engine
+from live import API_KEY, live_server, using_fake_engine
 from fake_engine import FakeEngine
 
 MESSAGES = [{"role": "user", "content": "alpha bravo"}]

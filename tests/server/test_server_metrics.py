@@ -15,7 +15,7 @@ from blockspec.sampling import SamplingParams
 from blockspec.server.async_engine import AsyncEngine
 from blockspec.server.logging import StatsLogger, format_stats_line
 from blockspec.server.metrics import ServerMetrics
-from conftest import live_server
+from live import live_server
 from fake_engine import FakeEngine, FakeStats
 
 COUNTERS = ["blockspec:prompt_tokens_total", "blockspec:generation_tokens_total",
@@ -154,6 +154,8 @@ def test_log_line_appears_periodically_while_busy(caplog):
             pass
     try:
         asyncio.run(asyncio.wait_for(run(), 20))
+        # The step that finished the request may log just after its output reached us.
+        asyncio.run(asyncio.sleep(0.1))
         busy_lines = [r.getMessage() for r in caplog.records if r.name == "blockspec"]
         asyncio.run(asyncio.sleep(0.2))  # idle: no more lines
         idle_lines = [r.getMessage() for r in caplog.records if r.name == "blockspec"]

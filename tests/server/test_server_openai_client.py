@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import using_fake_engine
+from live import using_fake_engine
 
 MESSAGES = [{"role": "user", "content": "alpha bravo charlie"}]
 PROMPT = "alpha bravo charlie"

@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from conftest import API_KEY, live_server
+from live import API_KEY, live_server
 from dflash_fixtures import write_dflash_drafter
 from real_engine import DRAFT_BLOCK_SIZE, make_real_engine
 from test_server_errors import BAD_BODIES, CHAT, COMPLETIONS, MESSAGES, _assert_openai_error, _body, _case_id

@@ -148,9 +148,15 @@ async def settled_metrics(client: httpx.AsyncClient, base: str, before: dict[str
 
 
 def accept_length_from_counters(before: dict[str, float] | None, after: dict[str, float] | None) -> float | None:
-    """1 + Δaccepted / Δverify_steps: each verify step commits its accepted drafts plus one token."""
+    """Δcommitted / Δverify_steps where the server counts committed tokens (blockspec), else
+    1 + Δaccepted / Δverify_steps (vLLM's convention, which also counts tokens cut by stops)."""
     if before is None or after is None:
         return None
+    steps_name, committed_name = "blockspec:spec_verify_steps_total", "blockspec:spec_committed_tokens_total"
+    if steps_name in after and committed_name in after:
+        steps = after[steps_name] - before.get(steps_name, 0.0)
+        committed = after[committed_name] - before.get(committed_name, 0.0)
+        return committed / steps if steps > 0 else None
     for steps_name, accepted_name in SPEC_COUNTERS:
         if steps_name in after and accepted_name in after:
             steps = after[steps_name] - before.get(steps_name, 0.0)

@@ -293,9 +293,11 @@ class AsyncEngine:
             return
         now = time.monotonic()
         self._empty_steps = 0 if outputs else self._empty_steps + 1
-        self._deliver(outputs)
+        # Observers (metrics) first, so a client that scrapes /metrics right after its last
+        # chunk sees the step that produced it.
         self._notify("on_outputs", outputs, now)
         self._notify("on_step_done", self._read_stats(), now - started, now)
+        self._deliver(outputs)
 
     def _deliver(self, outputs: Sequence[StepOutput]) -> None:
         """Route outputs to their requests' queues, one loop wake-up per event loop."""

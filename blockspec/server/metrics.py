@@ -81,6 +81,9 @@ class ServerMetrics:
         self.drafted_tokens = Counter(PREFIX + "spec_draft_tokens", "Draft tokens proposed", registry=r)
         self.accepted_tokens = Counter(PREFIX + "spec_accepted_tokens", "Draft tokens accepted", registry=r)
         self.verify_steps = Counter(PREFIX + "spec_verify_steps", "Verify steps", registry=r)
+        self.committed_tokens = Counter(PREFIX + "spec_committed_tokens",
+                                        "Tokens committed by verify steps (accepted + bonus, after stops)",
+                                        registry=r)
         self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time to first token",
                               buckets=_TTFT_BUCKETS, registry=r)
         self.tpot = Histogram(PREFIX + "time_per_output_token_seconds",
@@ -125,6 +128,7 @@ class ServerMetrics:
         self.verify_steps.inc(max(spec.verify_steps, 0))
         self.drafted_tokens.inc(max(spec.drafted_tokens, 0))
         self.accepted_tokens.inc(max(spec.accepted_tokens, 0))
+        self.committed_tokens.inc(max(spec.committed_tokens, 0))
         timing = self._timings.get(output.request_id)
         if timing is not None and timing.first_token is None and output.new_token_ids:
             timing.first_token = now

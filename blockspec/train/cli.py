@@ -69,6 +69,7 @@ def add_train_drafter_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     g.add_argument("--intermediate-size", type=int, default=None, help="default: the target's")
     g.add_argument("--max-anchors", type=int, default=512, help="blocks per sequence")
     g.add_argument("--gamma", type=float, default=None, help="loss decay (default 7 for B=16, 5 for 10, 4 for 8)")
+    g.add_argument("--init", default=None, help="start from this drafter's weights (fine-tune)")
     return parser
 
 
@@ -151,7 +152,7 @@ def run_train_drafter(args) -> int:
                      intermediate_size=args.intermediate_size, max_anchors=args.max_anchors, gamma=args.gamma,
                      max_len=args.max_len, steps=args.steps, epochs=_epochs(args, DEFAULT_DRAFTER_EPOCHS),
                      batch_size=args.batch_size, seed=args.seed, held_out_fraction=args.held_out_fraction,
-                     limit=args.limit, eval_batches=args.eval_batches)
+                     limit=args.limit, eval_batches=args.eval_batches, init_dir=args.init)
     if args.gamma is not None and args.gamma <= 0:
         raise ValueError(f"--gamma must be positive, got {args.gamma}")
     check_out_dir(run.out_dir, args.resume)

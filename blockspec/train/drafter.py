@@ -289,6 +289,25 @@ class DrafterRun:
     held_out_fraction: float = D.DEFAULT_HELD_OUT_FRACTION
     limit: int | None = None
     eval_batches: int = 8
+    init_dir: str | None = None       # start from this drafter's weights (fine-tuning)
+
+
+def init_from(drafter: DFlashDrafter, config: dict, init_dir: str | Path) -> None:
+    """Copy an existing drafter's weights; its config must describe the same drafter."""
+    from blockspec.models.loader import load_state_dict
+
+    other = json.loads((Path(init_dir) / "config.json").read_text())
+    for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "vocab_size"):
+        if other.get(key) != config.get(key):
+            raise ValueError(f"--init {init_dir}: {key} is {other.get(key)}, this run needs {config.get(key)}")
+    if other["dflash_config"]["target_layer_ids"] != config["dflash_config"]["target_layer_ids"]:
+        raise ValueError(f"--init {init_dir}: target_layer_ids differ from this run's")
+    state = {k.removeprefix("model."): v for k, v in load_state_dict(init_dir).items()}
+    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    missing = [k for k in missing if "rotary" not in k]
+    if missing or unexpected:
+        raise ValueError(f"--init {init_dir}: weights do not match (missing {missing[:3]}, extra {unexpected[:3]})")
 
 
 def target_mask_token_id(target_dir: str | Path) -> tuple[int, object]:
@@ -326,7 +345,10 @@ def train_drafter(run: DrafterRun):
     if not train_windows:
         raise ValueError(f"--data {run.data}: no response tokens to train on")
     target = load_frozen_target(run.target_dir, config["dflash_config"]["target_layer_ids"], device)
-    drafter = build_drafter(config, run.seed).to(device)
+    drafter = build_drafter(config, run.seed)
+    if run.init_dir:
+        init_from(drafter, config, run.init_dir)
+    drafter = drafter.to(device)
     check_trainable_layout(drafter.config)
     gamma = run.gamma if run.gamma is not None else loss_decay_gamma(run.block_size)
     pad_id = D.separator_id(hf_tok)

@@ -19,7 +19,6 @@ import inspect
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from blockspec.sampling import SamplingParams, SamplingTensors, filtered_probs, sample_from_probs
 from blockspec.spec.verify import (
@@ -33,6 +32,7 @@ ALPHA = 1e-3
 NUM_TRIALS = 20_000
 VOCAB = 6
 F64 = torch.float64
+from stats_helpers import chi_square_pvalue
 
 
 # ---------------------------------------------------------------------------------------------
@@ -48,27 +48,6 @@ def one_hot_rows(argmax_tokens: list[list[int]], vocab: int = 8) -> torch.Tensor
 def uniforms_like(batch: int, width: int, value: float = 0.5) -> torch.Tensor:
     """Constant float64 uniforms (irrelevant for one-hot rows)."""
     return torch.full((batch, width), value, dtype=F64)
-
-
-def chi_square_pvalue(observed: torch.Tensor, expected_probs: torch.Tensor) -> float:
-    """Goodness of fit of counts to a law; a count in a forbidden cell gives p-value 0.
-
-    Cells expecting fewer than 5 draws are pooled so the chi-square approximation holds.
-    """
-    observed = observed.double()
-    expected = expected_probs.double() / expected_probs.double().sum() * observed.sum()
-    forbidden = expected == 0
-    if observed[forbidden].sum() > 0:
-        return 0.0
-    small = (expected < 5) & ~forbidden
-    large = ~small & ~forbidden
-    obs, exp = observed[large].tolist(), expected[large].tolist()
-    if small.any():
-        obs.append(observed[small].sum().item())
-        exp.append(expected[small].sum().item())
-    if len(obs) < 2:
-        return 1.0
-    return float(chisquare(obs, exp).pvalue)
 
 
 def first_two_token_pvalues(

@@ -13,7 +13,7 @@ timeout ${R_TIMEOUT:-170} python3 -m blockspec.train.regenerate --target $T --ou
 echo "regenerated after $(( $(date +%s) - start )) s: $(wc -l < $W/regen.jsonl) chats"
 timeout ${D_TIMEOUT:-240} python3 -m blockspec.cli train-drafter --target $T --data jsonl:$W/regen.jsonl --out $W/drafter \
   --steps ${D_STEPS:-3000} --batch-size 16 --max-len 512 --block-size 16 --layers ${LAYERS:-3} --max-anchors 128 \
-  --snapshot-steps 250,500,1000,2000 --eval-every 1000 --no-progress 2>&1 | grep -v "Token indices" | tail -12
+  --snapshot-steps 250,500,1000,2000 --eval-every 1000 --lr ${LR:-6e-4} ${INIT:+--init $INIT} --no-progress 2>&1 | grep -v "Token indices" | tail -12
 echo "drafter done after $(( $(date +%s) - start )) s"
 python3 bench/export_bundle.py $T $W/drafter $W/export
 rm -rf $W/export/target $W/export/target_*

@@ -6,7 +6,7 @@ and owns what happens on the host after a step: committing tokens, stops, detoke
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -79,7 +79,6 @@ class _RequestState:
     stop_ids: set[int]
     text: str = ""          # all text decoded so far (stop strings cut)
     emitted: int = 0        # characters of `text` already handed out
-    pending_tokens: list[int] = field(default_factory=list)
 
 
 class Engine:
@@ -194,7 +193,7 @@ class Engine:
             tree, draft_probs = self.proposer.propose(seqs, roots, uniforms)
         else:
             tree, draft_probs = chain_tree(torch.zeros(len(seqs), 0, dtype=torch.long), roots), None
-        step, path_features, _ = self.runner.verify(seqs, tree, uniforms, draft_probs)
+        step, path_features = self.runner.verify(seqs, tree, uniforms, draft_probs)
         if self.proposer:
             self.proposer.on_verify(seqs, step, path_features)
         outputs = []

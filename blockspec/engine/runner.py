@@ -83,14 +83,14 @@ class ModelRunner:
     @torch.inference_mode()
     def verify(self, seqs: list[Sequence], tree: DraftTree, uniforms: torch.Tensor,
                draft_probs: torch.Tensor | None = None,
-               ) -> tuple[StepResult, torch.Tensor | None, torch.Tensor]:
+               ) -> tuple[StepResult, torch.Tensor | None]:
         """One target forward over [root, draft nodes] per row, then the verification walk.
 
         `tree.tokens[:, 0]` must be each row's last committed token. The accepted path's K/V is
         compacted to positions P … P+a (P = cached length before the step). With `draft_probs`
         (a chain sampled from q) verification is rejection sampling and `uniforms` holds
         [draft L | accept L | residual L+1]; otherwise one uniform per depth. Returns the step
-        result, the captured features of the accepted path `[B, D+1, K·H]` and the path.
+        result and the captured features of the accepted path `[B, D+1, K·H]`.
         """
         dev = self.device
         B, width = tree.tokens.shape
@@ -126,4 +126,4 @@ class ModelRunner:
         accept_len = result.accept_len.tolist()
         committed = result.committed.tolist()
         step = StepResult(committed=[row[:a + 1] for row, a in zip(committed, accept_len)], accepted=accept_len)
-        return step, path_features, result.path
+        return step, path_features

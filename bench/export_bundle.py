@@ -44,7 +44,8 @@ def export_weights(src: Path, dst: Path) -> None:
 def export_dir(src: Path, dst: Path) -> None:
     dst.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
-        if f.is_file() and f.suffix in (".json", ".jinja") and not f.name.startswith("model.safetensors"):
+        if (f.is_file() and f.suffix in (".json", ".jinja") and not f.name.startswith("model.safetensors")
+                and f.name != "snapshots.json"):
             shutil.copy(f, dst / f.name)
     cfg = json.loads((dst / "config.json").read_text())
     cfg["torch_dtype"] = "bfloat16"

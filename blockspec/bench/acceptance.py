@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -18,11 +19,14 @@ from blockspec.llm import LLM
 from blockspec.sampling import SamplingParams
 
 
-def load_prompt_sets(tokenizer, num_prompts: int) -> dict[str, list[list[int]]]:
+DATASETS = ("sharegpt", "humaneval")
+
+
+def load_prompt_sets(tokenizer, num_prompts: int, datasets=DATASETS) -> dict[str, list[list[int]]]:
     from blockspec.train.data import humaneval_prompts, render_prompt, sharegpt_held_out_prompts
     hf = tokenizer.hf_tokenizer
-    sets = {"sharegpt": sharegpt_held_out_prompts(num_prompts), "humaneval": humaneval_prompts(num_prompts)}
-    return {name: [render_prompt(hf, p.messages)[-320:] for p in prompts] for name, prompts in sets.items()}
+    loaders = {"sharegpt": sharegpt_held_out_prompts, "humaneval": humaneval_prompts}
+    return {name: [render_prompt(hf, p.messages)[-320:] for p in loaders[name](num_prompts)] for name in datasets}
 
 
 def measure(llm: LLM, prompts: list[list[int]], temperature: float, max_tokens: int, batch: int) -> dict:
@@ -49,6 +53,7 @@ def main(argv=None) -> int:
     ap.add_argument("--spec", default="dflash")
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--datasets", default=",".join(DATASETS), help="held-out prompt sets: sharegpt,humaneval")
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
@@ -58,26 +63,35 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", default=None, help="PNG: accept length against training steps")
     args = ap.parse_args(argv)
     temps = [float(t) for t in args.temperatures.split(",")]
+    datasets = [d for d in args.datasets.split(",") if d]
+    unknown = sorted(set(datasets) - set(DATASETS))
+    if unknown or not datasets:
+        ap.error(f"--datasets must name some of {', '.join(DATASETS)}, got {args.datasets!r}")
     records = []
     prompt_sets = None
     for item in args.drafter:
         step, _, path = item.partition("=")
         llm = LLM(model=args.target, draft_model=path, spec=args.spec, block_size=args.block_size,
                   device=args.device, dtype=args.dtype, max_running_requests=args.batch)
-        prompt_sets = prompt_sets or load_prompt_sets(llm.tokenizer, args.num_prompts)
+        prompt_sets = prompt_sets or load_prompt_sets(llm.tokenizer, args.num_prompts, datasets)
         for name, prompts in prompt_sets.items():
             for t in temps:
                 rec = {"step": int(step), "dataset": name, "temperature": t,
                        **measure(llm, prompts, t, args.max_tokens, args.batch)}
                 print(json.dumps({k: v for k, v in rec.items() if k != "acceptance_per_position"}), flush=True)
                 records.append(rec)
-    out = {"command": "python -m blockspec.bench.acceptance " + " ".join(argv or __import__("sys").argv[1:]),
-           "target": args.target, "block_size": args.block_size, "max_tokens": args.max_tokens,
-           "records": records}
-    Path(args.output).write_text(json.dumps(out, indent=2))
+                # Written after every record: a run stopped early keeps what it measured.
+                write_results(args, argv, records)
     if args.plot:
         plot_accept_vs_steps(records, args.plot)
     return 0
+
+
+def write_results(args, argv, records: list[dict]) -> None:
+    out = {"command": "python -m blockspec.bench.acceptance " + " ".join(argv or sys.argv[1:]),
+           "target": args.target, "spec": args.spec, "block_size": args.block_size, "max_tokens": args.max_tokens,
+           "device": args.device, "dtype": args.dtype, "records": records}
+    Path(args.output).write_text(json.dumps(out, indent=2))
 
 
 def plot_accept_vs_steps(records: list[dict], path: str) -> None:

@@ -78,12 +78,18 @@ def parse_int_list(text: str | None, what: str) -> tuple[int, ...]:
     return values
 
 
-def resolve_total_steps(steps: int | None, epochs: float | None, num_examples: int, batch_size: int) -> int:
-    """Optimizer steps from --steps, or from --epochs over `num_examples` sequences."""
-    if steps is not None and epochs is not None:
-        raise ValueError("give --steps or --epochs, not both")
+def resolve_total_steps(steps: int | None, epochs: float | None, num_examples: int, batch_size: int,
+                        time_budget_s: float | None = None) -> int | None:
+    """Optimizer steps from --steps, or from --epochs over `num_examples` sequences; None when
+    --time-budget decides them (the loop calibrates, see `calibrate_total_steps`)."""
+    if sum(v is not None for v in (steps, epochs, time_budget_s)) > 1:
+        raise ValueError("give one of --steps, --epochs and --time-budget")
     if batch_size < 1:
         raise ValueError(f"--batch-size must be positive, got {batch_size}")
+    if time_budget_s is not None:
+        if time_budget_s <= 0:
+            raise ValueError(f"--time-budget must be positive, got {time_budget_s}")
+        return None
     if steps is not None:
         if steps < 1:
             raise ValueError(f"--steps must be positive, got {steps}")
@@ -96,7 +102,7 @@ def resolve_total_steps(steps: int | None, epochs: float | None, num_examples: i
 @dataclass
 class TrainSettings:
     out_dir: Path
-    total_steps: int
+    total_steps: int | None           # None: chosen from time_budget_s by calibration
     lr: float
     warmup_fraction: float
     weight_decay: float
@@ -107,10 +113,12 @@ class TrainSettings:
     save_every: int | None = None
     eval_every: int | None = None
     snapshot_steps: tuple[int, ...] = ()
+    snapshot_every: int | None = None
     resume: bool = False
     progress: bool = True
     description: str = "training"
     extra: dict = field(default_factory=dict)  # recorded in the checkpoint, for the record
+    time_budget_s: float | None = None
 
 
 # ---- data order ----------------------------------------------------------------------------------
@@ -232,12 +240,14 @@ def checkpoint_path(out_dir: Path) -> Path:
     return Path(out_dir) / CHECKPOINT_DIR / CHECKPOINT_FILE
 
 
-def save_checkpoint(out_dir: Path, model: nn.Module, optimizer, scheduler, step: int, extra: dict) -> Path:
+def save_checkpoint(out_dir: Path, model: nn.Module, optimizer, scheduler, step: int, total_steps: int,
+                    extra: dict) -> Path:
     """Everything needed to continue exactly from `step` (written atomically)."""
     path = checkpoint_path(out_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "scheduler": scheduler.state_dict(), "rng": rng_state(), "extra": extra}
+    state = {"step": step, "total_steps": total_steps, "model": model.state_dict(),
+             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
+             "extra": extra}
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
@@ -252,6 +262,12 @@ def load_checkpoint(out_dir: Path, model: nn.Module, optimizer, scheduler, devic
     scheduler.load_state_dict(state["scheduler"])
     restore_rng_state(state["rng"])
     return int(state["step"])
+
+
+def checkpoint_total_steps(out_dir: Path) -> int:
+    """The step count of the run a checkpoint belongs to."""
+    state = torch.load(checkpoint_path(out_dir), map_location="cpu", weights_only=False)
+    return int(state["total_steps"])
 
 
 def check_out_dir(out_dir: Path, resume: bool) -> None:
@@ -280,22 +296,55 @@ class TrainResult:
     out_dir: Path
 
 
+def calibrate_total_steps(settings: TrainSettings, model: nn.Module, batch_loss: Callable[[int], torch.Tensor],
+                          passes: int = 6) -> int:
+    """Steps that fit `settings.time_budget_s`, from the time of a few forward + backward passes
+    over the first batches. Nothing is applied: gradients are dropped, and batches are pure
+    functions of their step, so the run is the one --steps N would give (N is logged)."""
+    cuda = settings.device.type == "cuda"
+    times = []
+    model.train()
+    for step in range(passes):
+        if cuda:
+            torch.cuda.synchronize(settings.device)
+        start = time.perf_counter()
+        with autocast(settings.device, settings.autocast_dtype):
+            loss = batch_loss(step)
+        loss.backward()
+        if cuda:
+            torch.cuda.synchronize(settings.device)
+        times.append(time.perf_counter() - start)
+    model.zero_grad(set_to_none=True)
+    per_step = sorted(times[1:])[len(times[1:]) // 2] * 1.1   # median past the first; +10% for the update
+    return max(1, int(settings.time_budget_s / per_step))
+
+
 def train(settings: TrainSettings, model: nn.Module, batch_loss: Callable[[int], torch.Tensor],
           export: Callable[[Path], None], evaluate: Callable[[], dict] | None = None) -> TrainResult:
     """Run steps until `settings.total_steps`, resuming from the checkpoint if asked.
 
     batch_loss(step) returns the loss of batch `step` (a pure function of the step, so that
     resumption is exact); export(dir) writes the loadable model; evaluate() returns held-out
-    metrics {name: float}.
+    metrics {name: float}. With no total_steps, the step count is calibrated from
+    time_budget_s (a resumed run keeps its checkpoint's count).
     """
     from tqdm.auto import tqdm
 
     out = Path(settings.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / LOG_FILE
+    total_steps = settings.total_steps
+    if total_steps is None:
+        if settings.time_budget_s is None:
+            raise ValueError("training needs a step count or a time budget")
+        if settings.resume:
+            total_steps = checkpoint_total_steps(out)
+        else:
+            total_steps = calibrate_total_steps(settings, model, batch_loss)
+            print(f"{settings.description}: --time-budget {settings.time_budget_s:g} s → {total_steps} steps",
+                  flush=True)
     optimizer = make_optimizer(model, settings.lr, settings.weight_decay, settings.betas)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, warmup_cosine(settings.total_steps, settings.warmup_fraction))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, settings.warmup_fraction))
     start = 0
     if settings.resume:
         start = load_checkpoint(out, model, optimizer, scheduler, settings.device)
@@ -317,9 +366,9 @@ def train(settings: TrainSettings, model: nn.Module, batch_loss: Callable[[int],
 
     model.train()
     started = time.perf_counter()
-    bar = tqdm(total=settings.total_steps, initial=start, desc=settings.description,
+    bar = tqdm(total=total_steps, initial=start, desc=settings.description,
                disable=not settings.progress, dynamic_ncols=True)
-    for step in range(start, settings.total_steps):
+    for step in range(start, total_steps):
         lr = scheduler.get_last_lr()[0]
         with autocast(settings.device, settings.autocast_dtype):
             loss = batch_loss(step)
@@ -337,17 +386,18 @@ def train(settings: TrainSettings, model: nn.Module, batch_loss: Callable[[int],
         bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
         if settings.eval_every and done % settings.eval_every == 0:
             run_eval(done)
-        if done in settings.snapshot_steps:
+        if done in settings.snapshot_steps or (settings.snapshot_every and done % settings.snapshot_every == 0
+                                               and done < total_steps):
             snap = out / SNAPSHOT_DIR / f"step_{done}"
             export(snap)
             record_snapshot(out, done, snap)
-        if settings.save_every and done % settings.save_every == 0 and done < settings.total_steps:
-            save_checkpoint(out, model, optimizer, scheduler, done, settings.extra)
+        if settings.save_every and done % settings.save_every == 0 and done < total_steps:
+            save_checkpoint(out, model, optimizer, scheduler, done, total_steps, settings.extra)
             plot_loss_curve(log_path, out / CURVE_FILE, settings.description)
     bar.close()
-    if settings.eval_every and settings.total_steps % settings.eval_every and start < settings.total_steps:
-        run_eval(settings.total_steps)
-    save_checkpoint(out, model, optimizer, scheduler, settings.total_steps, settings.extra)
+    if settings.eval_every and total_steps % settings.eval_every and start < total_steps:
+        run_eval(total_steps)
+    save_checkpoint(out, model, optimizer, scheduler, total_steps, total_steps, settings.extra)
     export(out)
     plot_loss_curve(log_path, out / CURVE_FILE, settings.description)
-    return TrainResult(settings.total_steps, loss_value, out)
+    return TrainResult(total_steps, loss_value, out)

@@ -22,6 +22,8 @@ def _add_common(parser: argparse.ArgumentParser, *, lr: float, batch_size: int, 
     g.add_argument("--out", required=True, help="output directory (model, train_log.jsonl, loss_curve.png)")
     g.add_argument("--steps", type=int, default=None, help="optimizer steps (or use --epochs)")
     g.add_argument("--epochs", type=float, default=None, help="passes over the training split")
+    g.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="as many steps as fit in this time, measured on the first batches")
     g.add_argument("--batch-size", type=int, default=batch_size, help="sequences per step")
     g.add_argument("--lr", type=float, default=lr, help="peak learning rate")
     g.add_argument("--warmup", type=float, default=0.04, help="warmup as a fraction of the steps")
@@ -36,6 +38,7 @@ def _add_common(parser: argparse.ArgumentParser, *, lr: float, batch_size: int, 
     g.add_argument("--eval-every", type=int, default=None, help="held-out metrics every N steps")
     g.add_argument("--eval-batches", type=int, default=8, help="held-out batches per evaluation")
     g.add_argument("--snapshot-steps", default=None, help="export the model at these steps, e.g. 100,500")
+    g.add_argument("--snapshot-every", type=int, default=None, help="export the model every N steps")
     g.add_argument("--held-out-fraction", type=float, default=DEFAULT_HELD_OUT_FRACTION)
     g.add_argument("--limit", type=int, default=None, help="use only the first N chats/documents")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -74,8 +77,10 @@ def add_train_drafter_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
 
 
 def _check_common(args) -> None:
-    if args.steps is not None and args.epochs is not None:
-        raise ValueError("give --steps or --epochs, not both")
+    if sum(v is not None for v in (args.steps, args.epochs, args.time_budget)) > 1:
+        raise ValueError("give one of --steps, --epochs and --time-budget")
+    if args.time_budget is not None and args.time_budget <= 0:
+        raise ValueError(f"--time-budget must be positive, got {args.time_budget}")
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps must be positive, got {args.steps}")
     if args.epochs is not None and args.epochs <= 0:
@@ -94,7 +99,7 @@ def _check_common(args) -> None:
         raise ValueError(f"--held-out-fraction must be in [0, 1), got {args.held_out_fraction}")
     if args.max_len < 2:
         raise ValueError(f"--max-len must be at least 2, got {args.max_len}")
-    for name in ("save_every", "eval_every", "eval_batches", "limit"):
+    for name in ("save_every", "eval_every", "eval_batches", "limit", "snapshot_every"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
@@ -110,11 +115,14 @@ def _settings_kwargs(args) -> dict:
     return dict(lr=args.lr, warmup_fraction=args.warmup, weight_decay=args.weight_decay, device=device,
                 autocast_dtype=resolve_autocast_dtype(args.dtype, device), grad_clip=args.grad_clip,
                 save_every=args.save_every, eval_every=args.eval_every, snapshot_steps=snapshots,
-                resume=args.resume, progress=not args.no_progress)
+                snapshot_every=args.snapshot_every, resume=args.resume, progress=not args.no_progress,
+                time_budget_s=args.time_budget)
 
 
 def _epochs(args, default: float) -> float | None:
-    return args.epochs if (args.epochs is not None or args.steps is not None) else default
+    """--epochs, or the default when no other length (--steps, --time-budget) is given."""
+    chosen = (args.epochs, args.steps, args.time_budget)
+    return args.epochs if any(v is not None for v in chosen) else default
 
 
 def run_train_target(args) -> int:

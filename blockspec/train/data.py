@@ -216,8 +216,9 @@ def load_jsonl_conversations(path: str | Path) -> list[Conversation]:
 # ---- split ---------------------------------------------------------------------------------------
 
 def split_group(item_id: str) -> str:
-    """ShareGPT splits long chats into `<id>_0`, `<id>_1`, …: keep the parts on one side."""
-    return re.sub(r"_\d+$", "", item_id)
+    """ShareGPT splits long chats into `<id>_0`, `<id>_1`, …, and items derived from a chat
+    (regenerated replies) are named `<id>:<suffix>`: keep all of them on one side."""
+    return re.sub(r"_\d+$", "", item_id.split(":", 1)[0])
 
 
 def is_held_out(item_id: str, fraction: float = DEFAULT_HELD_OUT_FRACTION) -> bool:
@@ -415,8 +416,24 @@ def first_turn_prompt(conversation: Conversation) -> Prompt | None:
     return None
 
 
-def held_out_prompts(conversations: Sequence[Conversation], limit: int | None = None) -> list[Prompt]:
-    """First-turn prompts of held-out chats (see `first_turn_prompt`)."""
+def user_turn_prompts(conversation: Conversation) -> list[Prompt]:
+    """A prompt at every user turn: the chat up to and including it, with the reply after it.
+
+    Ids are `<chat id>:u<k>` (k = the turn's index), so that they split with their chat.
+    """
+    messages = list(conversation.messages)
+    prompts = []
+    for i, message in enumerate(messages):
+        if message["role"] != "user":
+            continue
+        nxt = messages[i + 1] if i + 1 < len(messages) else None
+        reply = nxt["content"] if nxt is not None and nxt["role"] == "assistant" else None
+        prompts.append(Prompt(f"{conversation.id}:u{i}", tuple(messages[:i + 1]), reply))
+    return prompts
+
+
+def first_turn_prompts(conversations: Sequence[Conversation], limit: int | None = None) -> list[Prompt]:
+    """First-turn prompts of these chats (see `first_turn_prompt`)."""
     prompts = [p for p in map(first_turn_prompt, conversations) if p is not None]
     return prompts[:limit]
 
@@ -425,7 +442,7 @@ def sharegpt_held_out_prompts(limit: int | None = None,
                               fraction: float = DEFAULT_HELD_OUT_FRACTION) -> list[Prompt]:
     """First-turn prompts of the held-out part of ShareGPT (the same split the trainers use)."""
     _, held = split_held_out(load_sharegpt(), fraction)
-    return held_out_prompts(held, limit)
+    return first_turn_prompts(held, limit)
 
 
 def humaneval_path() -> Path:

@@ -352,7 +352,8 @@ def train_drafter(run: DrafterRun):
     check_trainable_layout(drafter.config)
     gamma = run.gamma if run.gamma is not None else loss_decay_gamma(run.block_size)
     pad_id = D.separator_id(hf_tok)
-    total = resolve_total_steps(run.steps, run.epochs, len(train_windows), run.batch_size)
+    total = resolve_total_steps(run.steps, run.epochs, len(train_windows), run.batch_size,
+                                settings_kwargs.get("time_budget_s"))
     settings = TrainSettings(out_dir=run.out_dir, total_steps=total, description="train-drafter",
                              extra={"gamma": gamma, "config": config}, **settings_kwargs)
 

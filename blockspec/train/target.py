@@ -202,7 +202,8 @@ def train_target(run: TargetRun):
     pad_id = hf_tok.pad_token_id if hf_tok.pad_token_id is not None else ends[0]
     device = settings_kwargs["device"]
     model = build_target(run.shape, len(hf_tok), ends, pad_id, run.seed).to(device)
-    total = resolve_total_steps(run.steps, run.epochs, len(train_windows), run.batch_size)
+    total = resolve_total_steps(run.steps, run.epochs, len(train_windows), run.batch_size,
+                                settings_kwargs.get("time_budget_s"))
     settings = TrainSettings(out_dir=run.out_dir, total_steps=total, description="train-target",
                              extra={"parameters": count_parameters(model), "loss_on": run.loss_on},
                              **settings_kwargs)

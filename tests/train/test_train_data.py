@@ -110,7 +110,7 @@ def test_corpus_sources(tmp_path):
 def test_first_turn_prompts(hf_tok):
     conv = D.Conversation("p", ({"role": "system", "content": "s"}, {"role": "user", "content": "q1"},
                                 {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}))
-    [prompt] = D.held_out_prompts([conv])
+    [prompt] = D.first_turn_prompts([conv])
     assert [m["content"] for m in prompt.messages] == ["s", "q1"] and prompt.reference == "a1"
     ids = D.render_prompt(hf_tok, prompt.messages)
     assert hf_tok.decode(ids).endswith("<|im_start|>assistant\n")

@@ -68,8 +68,12 @@ def test_target_dir_loads_in_transformers_and_blockspec(trained_target):
 
 
 def test_train_target_bad_arguments(tmp_path):
-    with pytest.raises(ValueError, match="--steps or --epochs"):
+    with pytest.raises(ValueError, match="one of --steps, --epochs and --time-budget"):
         run_train_target(target_args(tmp_path, "--steps", "2", "--epochs", "1"))
+    with pytest.raises(ValueError, match="one of --steps, --epochs and --time-budget"):
+        run_train_target(target_args(tmp_path, "--steps", "2", "--time-budget", "5"))
+    with pytest.raises(ValueError, match="--time-budget must be positive"):
+        run_train_target(target_args(tmp_path, "--time-budget", "0"))
     with pytest.raises(ValueError, match="kv heads"):
         run_train_target(target_args(tmp_path, "--kv-heads", "3"))
     with pytest.raises(ValueError, match="--data"):

@@ -1,0 +1,47 @@
+"""`python -m blockspec.bench.acceptance`: accept length of drafter snapshots with the engine,
+per dataset and temperature, with per-position rates that add up and a plot against steps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from blockspec.bench import acceptance
+from dflash_fixtures import write_dflash_drafter
+
+BLOCK_SIZE = 4
+
+
+@pytest.fixture(scope="module")
+def drafters(qwen3_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("acceptance")
+    return [str(write_dflash_drafter(tmp / f"d{seed}", qwen3_dir, block_size=BLOCK_SIZE, seed=seed))
+            for seed in (0, 1)]
+
+
+def test_records_per_snapshot_dataset_and_temperature(qwen3_dir, drafters, tmp_path):
+    out, png = tmp_path / "acc.json", tmp_path / "acc.png"
+    assert acceptance.main(["--target", qwen3_dir, "--drafter", f"100={drafters[0]}", "--drafter",
+                            f"200={drafters[1]}", "--datasets", "humaneval", "--num-prompts", "2",
+                            "--max-tokens", "6", "--batch", "2", "--output", str(out), "--plot", str(png)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["command"].startswith("python -m blockspec.bench.acceptance") and doc["device"] == "cpu"
+    assert [(r["step"], r["dataset"], r["temperature"]) for r in doc["records"]] == [
+        (100, "humaneval", 0.0), (100, "humaneval", 1.0), (200, "humaneval", 0.0), (200, "humaneval", 1.0)]
+    for r in doc["records"]:
+        assert r["num_prompts"] == 2 and r["output_tokens"] == 12
+        assert r["drafted_tokens"] == r["verify_steps"] * (BLOCK_SIZE - 1)
+        rates = r["acceptance_per_position"]
+        assert len(rates) == BLOCK_SIZE - 1 and rates == sorted(rates, reverse=True)
+        assert sum(rates) * r["verify_steps"] == pytest.approx(r["accepted_tokens"])
+        # committed per step ≤ accepted + 1 (a max_tokens cut can keep fewer)
+        assert 1 <= r["accept_length"] <= 1 + r["accepted_tokens"] / r["verify_steps"] + 1e-9
+    assert png.stat().st_size > 0
+
+
+def test_unknown_dataset_is_refused(qwen3_dir, drafters, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        acceptance.main(["--target", qwen3_dir, "--drafter", f"1={drafters[0]}", "--datasets", "mtbench",
+                         "--output", str(tmp_path / "x.json")])
+    assert exc.value.code == 2 and "--datasets" in capsys.readouterr().err

@@ -26,7 +26,7 @@ def test_default_is_the_bundled_pair_with_speculation():
     assert total <= 32 * 2**20
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"spec": "ddtree", "budget": 16}])
+@pytest.mark.parametrize("kwargs", [{}, {"spec": "ddtree", "budget": 16}, {"spec": "ddtree", "budget": 4}])
 def test_bundled_speculative_greedy_equals_plain(plain, kwargs):
     llm = LLM(**kwargs)
     outs = llm.chat(CHATS, GREEDY)

@@ -137,3 +137,52 @@ def test_compacted_cache_equals_cache_of_accepted_path(qwen3_dir):
     pslots = torch.tensor([pseq.page_table.slot(p) for p in range(n)])
     torch.testing.assert_close(engine.cache.k[:, slots], plain.cache.k[:, pslots], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(engine.cache.v[:, slots], plain.cache.v[:, pslots], rtol=1e-5, atol=1e-5)
+
+
+class MixedBatchOracle(Proposer):
+    """One request gets a full-depth chain (its deepest node at the last verify slot), the other
+    a decoy tree whose accepted path has gaps: the batch's max depth then equals width − 1 although
+    one row branches, and that row must still be compacted."""
+
+    def __init__(self, continuations: dict[str, list[int]], depth: int, vocab: int):
+        self.conts, self.depth, self.vocab = continuations, depth, vocab
+        self.max_depth = self.max_nodes = 2 * depth
+
+    def row(self, seq):
+        right = self.conts[seq.request_id][seq.num_output:]
+        tokens, parents, depths = [seq.last_token], [-1], [0]
+        if seq.request_id == "chain":
+            for d, t in enumerate(right[:2 * self.depth], start=1):
+                tokens.append(t), parents.append(d - 1), depths.append(d)
+        else:
+            parent = 0
+            for d, t in enumerate(right[:self.depth], start=1):
+                tokens += [(t + 1) % self.vocab, t]
+                parents += [parent, parent]
+                depths += [d, d]
+                parent = len(tokens) - 1
+        pad = 2 * self.depth + 1 - len(tokens)
+        return tokens + [0] * pad, parents + [-2] * pad, depths + [0] * pad, len(tokens) - 1
+
+    def propose(self, seqs, roots, uniforms=None):
+        rows = [self.row(s) for s in seqs]
+        tensors = [torch.tensor([r[i] for r in rows]) for i in range(4)]
+        depth = int(tensors[2].max())
+        return DraftTree(*tensors, torch.zeros(len(seqs), 2 * self.depth + 1), depth), None
+
+
+def test_branching_row_is_compacted_when_another_row_is_a_full_chain(qwen3_dir):
+    prompts = dict(zip(("chain", "tree"), prompts_for(512, [10, 7], seed=11)))
+    conts = {rid: LLM(model=qwen3_dir).generate(p, GREEDY)[0].token_ids for rid, p in prompts.items()}
+    engine = Engine(EngineConfig(model=qwen3_dir, spec="ddtree"), proposer=MixedBatchOracle(conts, 3, 512))
+    for rid, p in prompts.items():
+        engine.add_request(rid, p, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    got = {rid: [] for rid in prompts}
+    steps = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            got[out.request_id] += out.new_token_ids
+        steps += 1
+    assert got == {rid: c[:40] for rid, c in conts.items()}
+    assert steps < 30                                       # the oracle's drafts were accepted
+

@@ -250,3 +250,12 @@ def test_build_tree_timing_print():
     elapsed_ms = (time.perf_counter() - start) / runs * 1e3
     print(f"\nbuild_tree B=4 L=15 V=8192 budget=256: {elapsed_ms:.2f} ms")
     assert tree.num_nodes.tolist() == [256] * 4
+
+
+def test_build_tree_knows_whether_every_row_is_a_chain():
+    confident = torch.full((1, 4, 6), -20.0)
+    confident[..., 0] = 0.0                                 # one sure token per depth: a chain
+    mixed = torch.cat([confident, torch.log_softmax(torch.zeros(1, 4, 6), -1)])   # + a flat row: branches
+    assert build_tree(confident, 4).is_chain
+    tree = build_tree(mixed, 4)
+    assert not tree.is_chain and tree.max_depth == 4        # the chain row reaches width − 1

@@ -116,7 +116,9 @@ class ModelRunner:
             result = verify_chain_rejection(probs, draft_probs, tree.tokens[:, 1:].to(dev),
                                             u[:, L:2 * L], u[:, 2 * L:3 * L + 1])
         src, keep = accepted_kv_indices(result.path, result.accept_len)
-        if tree.max_depth < width - 1:  # not a chain: the accepted path may have gaps
+        # Any row that branches may accept a path with gaps. (A batch's deepest row being a full
+        # chain says nothing about the other rows: each row is checked when the tree is built.)
+        if not tree.is_chain:
             src_slots, dst_slots = compaction_slots(batch.page_table, self.cache.page_size, prefix_t, src, keep)
             self.cache.move(src_slots, dst_slots)
         path_features = None

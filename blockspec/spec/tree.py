@@ -30,6 +30,9 @@ class DraftTree:
     max_depth int      deepest node over the batch, known on the host. `build_tree` gives the
                        exact value; `chain_tree` gives the chain capacity K (an upper bound,
                        so no sync). When left None it is computed from `depths` (one sync).
+    is_chain  bool     every row is a chain (node i's parent is i − 1), so accepted paths are
+                       contiguous and the verify needs no K/V compaction. Known on the host;
+                       False unless the builder knows it (compaction is then always done).
     """
 
     tokens: torch.Tensor
@@ -38,6 +41,7 @@ class DraftTree:
     num_nodes: torch.Tensor
     logprob: torch.Tensor
     max_depth: int | None = None
+    is_chain: bool = False
 
     def __post_init__(self) -> None:
         if self.max_depth is None:
@@ -128,6 +132,8 @@ def _assemble(rows: list[_RowTree], budget: int, k: int, top_tokens: torch.Tenso
         flat_idx.append([0] + [(d - 1) * k + r for d, r in zip(row.depths, row.ranks)] + [0] * pad)
         logprob.append([0.0] + row.logprobs + [0.0] * pad)
     max_depth = max((max(row.depths, default=0) for row in rows), default=0)
+    # Best-first pops give parents before children, so a chain row is parents 0, 1, 2, …
+    is_chain = all(row.parents == list(range(len(row.parents))) for row in rows)
 
     # Pack everything in one int64 tensor (log-probs bit-cast through int32) for one H2D copy.
     logprob_bits = torch.tensor(logprob, dtype=torch.float32).reshape(-1, width).view(torch.int32)
@@ -148,7 +154,7 @@ def _assemble(rows: list[_RowTree], budget: int, k: int, top_tokens: torch.Tenso
     if root_tokens is not None:
         tokens[:, 0] = root_tokens.to(device=device, dtype=torch.int64)
     return DraftTree(tokens=tokens, parents=parents_d, depths=depths_d,
-                     num_nodes=is_real.sum(dim=1), logprob=logprob_d, max_depth=max_depth)
+                     num_nodes=is_real.sum(dim=1), logprob=logprob_d, max_depth=max_depth, is_chain=is_chain)
 
 
 def tree_attention_mask(parents: torch.Tensor) -> torch.Tensor:
@@ -201,7 +207,7 @@ def chain_tree(draft_tokens: torch.Tensor, root_tokens: torch.Tensor,
     tokens = torch.where(is_real | is_root, drafts, 0)
     logprob = torch.zeros(B, K + 1, dtype=torch.float32, device=device)
     return DraftTree(tokens=tokens, parents=parents, depths=depths, num_nodes=num_drafts,
-                     logprob=logprob, max_depth=K)
+                     logprob=logprob, max_depth=K, is_chain=True)
 
 
 def accepted_kv_indices(path: torch.Tensor, accept_len: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -51,6 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--target", required=True)
     ap.add_argument("--drafter", action="append", required=True, help="STEP=DIR (repeatable)")
     ap.add_argument("--spec", default="dflash")
+    ap.add_argument("--spec-verify", default="target-only", choices=["target-only", "rejection"],
+                    help="rejection: drafts sampled from the drafter's q, rejection sampling (dflash)")
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--datasets", default=",".join(DATASETS), help="held-out prompt sets: sharegpt,humaneval")
@@ -72,7 +74,8 @@ def main(argv=None) -> int:
     for item in args.drafter:
         step, _, path = item.partition("=")
         llm = LLM(model=args.target, draft_model=path, spec=args.spec, block_size=args.block_size,
-                  device=args.device, dtype=args.dtype, max_running_requests=args.batch)
+                  device=args.device, dtype=args.dtype, max_running_requests=args.batch,
+                  spec_verify=args.spec_verify)
         prompt_sets = prompt_sets or load_prompt_sets(llm.tokenizer, args.num_prompts, datasets)
         for name, prompts in prompt_sets.items():
             for t in temps:
@@ -89,7 +92,8 @@ def main(argv=None) -> int:
 
 def write_results(args, argv, records: list[dict]) -> None:
     out = {"command": "python -m blockspec.bench.acceptance " + " ".join(argv or sys.argv[1:]),
-           "target": args.target, "spec": args.spec, "block_size": args.block_size, "max_tokens": args.max_tokens,
+           "target": args.target, "spec": args.spec, "spec_verify": args.spec_verify,
+           "block_size": args.block_size, "max_tokens": args.max_tokens,
            "device": args.device, "dtype": args.dtype, "records": records}
     Path(args.output).write_text(json.dumps(out, indent=2))
 

@@ -105,8 +105,11 @@ class Engine:
         # the drafter's block.
         lookahead = max(1 + self.proposer.max_nodes, self.proposer.block_size) if self.proposer else 1
         self.lookahead = lookahead
-        kv_tokens = config.kv_cache_tokens or min(config.max_running_requests * self.max_model_len, 32768)
-        num_pages = kv_tokens // config.page_size + 1  # + reserved page 0
+        # By default every running request can reach the full context plus one step's lookahead
+        # (capped at 32k tokens, but never below what a single request may need).
+        per_request = self.max_model_len + lookahead
+        kv_tokens = config.kv_cache_tokens or max(min(config.max_running_requests * per_request, 32768), per_request)
+        num_pages = -(-kv_tokens // config.page_size) + 1  # whole pages holding kv_tokens, + reserved page 0
         self.allocator = PageAllocator(num_pages, config.page_size)
         mc = self.model_config
         dtype = parse_dtype(config.dtype)
@@ -136,7 +139,8 @@ class Engine:
                              f"exceeds the context length of {self.max_model_len} tokens")
         capacity = self.allocator.num_usable_pages * self.allocator.page_size
         if total + self.lookahead > capacity:
-            raise ValueError(f"prompt + max_tokens ({total}) does not fit the K/V cache ({capacity} tokens)")
+            raise ValueError(f"prompt + max_tokens ({total}) + the speculative step's lookahead ({self.lookahead}) "
+                             f"does not fit the K/V cache ({capacity} tokens); raise kv_cache_tokens")
         seq = Sequence(request_id, list(prompt_token_ids), params, PageTable(self.allocator.page_size),
                        make_generator(params.seed), self._arrivals,
                        metrics=SpecMetrics(algorithm=self.spec_algorithm))

@@ -45,3 +45,15 @@ def test_unknown_dataset_is_refused(qwen3_dir, drafters, tmp_path, capsys):
         acceptance.main(["--target", qwen3_dir, "--drafter", f"1={drafters[0]}", "--datasets", "mtbench",
                          "--output", str(tmp_path / "x.json")])
     assert exc.value.code == 2 and "--datasets" in capsys.readouterr().err
+
+
+def test_rejection_verification_is_passed_through(qwen3_dir, drafters, tmp_path):
+    out = tmp_path / "rej.json"
+    assert acceptance.main(["--target", qwen3_dir, "--drafter", f"1={drafters[0]}", "--datasets", "humaneval",
+                            "--num-prompts", "2", "--max-tokens", "6", "--batch", "2", "--temperatures", "1",
+                            "--spec-verify", "rejection", "--output", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["spec_verify"] == "rejection" and len(doc["records"]) == 1
+    with pytest.raises(ValueError, match="rejection"):     # trees verify target-only: refused, not ignored
+        acceptance.main(["--target", qwen3_dir, "--drafter", f"1={drafters[0]}", "--spec", "ddtree",
+                         "--spec-verify", "rejection", "--output", str(tmp_path / "no.json")])

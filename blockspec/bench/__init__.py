@@ -4,8 +4,38 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class SpecEngineArgs:
+    """The speculative engine a tool measures (bench offline, check lossless) and its plain twin
+    on the same target, built from one set of arguments."""
+
+    model: str
+    draft_model: str | None = None
+    spec: str = "dflash"
+    block_size: int | None = None
+    budget: int | None = None
+    topk: int | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+
+    def spec_llm(self, **engine_kwargs):
+        from blockspec.llm import LLM
+        return LLM(model=self.model, draft_model=self.draft_model, spec=self.spec, block_size=self.block_size,
+                   budget=self.budget, topk=self.topk, dtype=self.dtype, device=self.device, **engine_kwargs)
+
+    def plain_llm(self, **engine_kwargs):
+        from blockspec.llm import LLM
+        return LLM(model=self.model, dtype=self.dtype, device=self.device, **engine_kwargs)
+
+    def spec_fields(self) -> dict:
+        """What a report records of the speculative method."""
+        return {"model": self.model, "draft_model": self.draft_model, "spec": self.spec,
+                "block_size": self.block_size, "budget": self.budget, "topk": self.topk}
 
 
 def summarize(values: list[float], scale: float = 1.0) -> dict[str, float | None]:

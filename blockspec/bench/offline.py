@@ -12,20 +12,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from blockspec.bench import format_table
+from blockspec.bench import SpecEngineArgs, format_table
 from blockspec.bench.datasets import BenchPrompt, load_dataset
 
 DEFAULT_MAX_TOKENS = 128
 
 
 @dataclass
-class OfflineBenchConfig:
-    model: str
-    draft_model: str | None = None
-    spec: str = "dflash"
-    block_size: int | None = None
-    budget: int | None = None
-    topk: int | None = None
+class OfflineBenchConfig(SpecEngineArgs):
     datasets: list[str] = field(default_factory=lambda: ["random"])
     num_prompts: int = 8
     temperatures: list[float] = field(default_factory=lambda: [0.0])
@@ -33,8 +27,6 @@ class OfflineBenchConfig:
     max_tokens: int | None = None  # None: a prompt's own output length, else DEFAULT_MAX_TOKENS
     seed: int = 0
     ignore_eos: bool = False
-    dtype: str = "float32"
-    device: str = "cpu"
     random_input_len: int = 128
     random_output_len: int = 128
     progress: bool = True
@@ -61,11 +53,7 @@ class _Run:
 
 def build_engines(config: OfflineBenchConfig):
     """(speculative LLM, plain LLM) on the same target."""
-    from blockspec.llm import LLM
-    spec = LLM(model=config.model, draft_model=config.draft_model, spec=config.spec, block_size=config.block_size,
-               budget=config.budget, topk=config.topk, dtype=config.dtype, device=config.device)
-    plain = LLM(model=config.model, dtype=config.dtype, device=config.device)
-    return spec, plain
+    return config.spec_llm(), config.plain_llm()
 
 
 def prompt_token_ids(prompt: BenchPrompt, tokenizer, limit: int) -> list[int]:
@@ -160,9 +148,7 @@ def run_offline_bench(config: OfflineBenchConfig, engines=None) -> dict:
                 spec_run = _timed_run(spec_llm, ids, params, config.batch_size, bar)
                 plain_run = _timed_run(plain_llm, ids, params, config.batch_size, bar)
             records.append(cell_record(dataset, temperature, config, spec_run, plain_run))
-    return {"model": config.model, "draft_model": config.draft_model, "spec": config.spec,
-            "block_size": config.block_size, "budget": config.budget, "topk": config.topk,
-            "batch_size": config.batch_size, "records": records}
+    return {**config.spec_fields(), "batch_size": config.batch_size, "records": records}
 
 
 def format_records(records: list[dict]) -> str:

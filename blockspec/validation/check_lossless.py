@@ -19,7 +19,7 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 
-from blockspec.bench import format_table
+from blockspec.bench import SpecEngineArgs, format_table
 from blockspec.sampling import SamplingParams
 from blockspec.validation.lossless import (ChiSquareResult, chi_square_against_law, chi_square_two_sample,
                                            exact_joint_law, sample_continuations)
@@ -36,13 +36,7 @@ DEFAULT_SETTINGS = (
 
 
 @dataclass
-class LosslessCheckConfig:
-    model: str
-    draft_model: str | None = None
-    spec: str = "dflash"
-    block_size: int | None = None
-    budget: int | None = None
-    topk: int | None = None
+class LosslessCheckConfig(SpecEngineArgs):
     verify: str = "target-only"  # or "rejection"
     prompt: str = DEFAULT_PROMPT
     prompt_ids: list[int] | None = None  # overrides `prompt`
@@ -52,8 +46,6 @@ class LosslessCheckConfig:
     alpha: float = 1e-3
     control_factor: float = 1.1
     mode: str = "auto"  # "exact", "two-sample"
-    dtype: str = "float32"
-    device: str = "cpu"
     max_running_requests: int = 1024
 
     def validate(self) -> None:
@@ -121,15 +113,11 @@ def _engine_sizes(config: LosslessCheckConfig, prompt_len: int) -> dict:
 
 
 def build_spec_llm(config: LosslessCheckConfig, prompt_len: int):
-    from blockspec.llm import LLM
-    return LLM(model=config.model, draft_model=config.draft_model, spec=config.spec, block_size=config.block_size,
-               budget=config.budget, topk=config.topk, dtype=config.dtype, device=config.device,
-               spec_verify=config.verify, **_engine_sizes(config, prompt_len))
+    return config.spec_llm(spec_verify=config.verify, **_engine_sizes(config, prompt_len))
 
 
 def build_plain_llm(config: LosslessCheckConfig, prompt_len: int):
-    from blockspec.llm import LLM
-    return LLM(model=config.model, dtype=config.dtype, device=config.device, **_engine_sizes(config, prompt_len))
+    return config.plain_llm(**_engine_sizes(config, prompt_len))
 
 
 def transformers_next_logits(model_dir: str):

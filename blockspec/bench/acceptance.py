@@ -69,14 +69,13 @@ def main(argv=None) -> int:
     unknown = sorted(set(datasets) - set(DATASETS))
     if unknown or not datasets:
         ap.error(f"--datasets must name some of {', '.join(DATASETS)}, got {args.datasets!r}")
-    for item in args.drafter:
-        step, _, path = item.partition("=")
+    drafters = [item.partition("=")[::2] for item in args.drafter]
+    for item, (step, path) in zip(args.drafter, drafters):
         if not step.isdigit() or not path:
             ap.error(f"--drafter must be STEP=DIR with an integer STEP, got {item!r}")
     records = []
     prompt_sets = None
-    for item in args.drafter:
-        step, _, path = item.partition("=")
+    for step, path in drafters:
         try:
             llm = LLM(model=args.target, draft_model=path, spec=args.spec, block_size=args.block_size,
                       device=args.device, dtype=args.dtype, max_running_requests=args.batch,

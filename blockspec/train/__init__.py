@@ -254,20 +254,17 @@ def save_checkpoint(out_dir: Path, model: nn.Module, optimizer, scheduler, step:
     return path
 
 
-def load_checkpoint(out_dir: Path, model: nn.Module, optimizer, scheduler, device) -> int:
-    """Restore a checkpoint into the given objects; returns its step."""
-    state = torch.load(checkpoint_path(out_dir), map_location=device, weights_only=False)
+def read_checkpoint(out_dir: Path, device) -> dict:
+    return torch.load(checkpoint_path(out_dir), map_location=device, weights_only=False)
+
+
+def restore_checkpoint(state: dict, model: nn.Module, optimizer, scheduler) -> int:
+    """Restore a checkpoint read by `read_checkpoint` into the given objects; returns its step."""
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     restore_rng_state(state["rng"])
     return int(state["step"])
-
-
-def checkpoint_total_steps(out_dir: Path) -> int:
-    """The step count of the run a checkpoint belongs to."""
-    state = torch.load(checkpoint_path(out_dir), map_location="cpu", weights_only=False)
-    return int(state["total_steps"])
 
 
 def check_out_dir(out_dir: Path, resume: bool) -> None:
@@ -333,12 +330,13 @@ def train(settings: TrainSettings, model: nn.Module, batch_loss: Callable[[int],
     out = Path(settings.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / LOG_FILE
+    checkpoint = read_checkpoint(out, settings.device) if settings.resume else None
     total_steps = settings.total_steps
     if total_steps is None:
         if settings.time_budget_s is None:
             raise ValueError("training needs a step count or a time budget")
-        if settings.resume:
-            total_steps = checkpoint_total_steps(out)
+        if checkpoint is not None:
+            total_steps = int(checkpoint["total_steps"])
         else:
             total_steps = calibrate_total_steps(settings, model, batch_loss)
             print(f"{settings.description}: --time-budget {settings.time_budget_s:g} s → {total_steps} steps",
@@ -346,8 +344,9 @@ def train(settings: TrainSettings, model: nn.Module, batch_loss: Callable[[int],
     optimizer = make_optimizer(model, settings.lr, settings.weight_decay, settings.betas)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, settings.warmup_fraction))
     start = 0
-    if settings.resume:
-        start = load_checkpoint(out, model, optimizer, scheduler, settings.device)
+    if checkpoint is not None:
+        start = restore_checkpoint(checkpoint, model, optimizer, scheduler)
+        del checkpoint
         truncate_log(log_path, start)
     elif log_path.exists():
         log_path.unlink()

@@ -52,10 +52,11 @@ def training_prompts(data: str, which: str, num: int | None):
     return prompts[:num]
 
 
-def fit_prompt(tok, messages, max_tokens: int) -> tuple[dict, ...]:
-    """The prompt shortened to at most `max_tokens` rendered tokens, as messages: the oldest
-    turns are dropped (the kept part starts with a system or user turn), and a single turn that
-    is still too long keeps its end. The chat written out is then exactly what the target saw."""
+def fit_prompt(tok, messages, max_tokens: int) -> tuple[tuple[dict, ...], list[int]]:
+    """The prompt shortened to at most `max_tokens` rendered tokens, as messages and their
+    rendered ids: the oldest turns are dropped (the kept part starts with a system or user turn),
+    and a single turn that is still too long keeps its end. The chat written out is then exactly
+    what the target saw."""
     from blockspec.train.data import render_prompt
 
     def drop_oldest(msgs):
@@ -79,7 +80,8 @@ def fit_prompt(tok, messages, max_tokens: int) -> tuple[dict, ...]:
         content_ids = tok(msgs[-1]["content"], add_special_tokens=False, verbose=False)["input_ids"]
         keep = max(1, len(content_ids) - (len(ids) - max_tokens))
         msgs[-1] = {**msgs[-1], "content": tok.decode(content_ids[-keep:])}
-    return tuple(msgs)
+        ids = render_prompt(tok, msgs)
+    return tuple(msgs), ids
 
 
 def regenerate(target: str, out: str, prompts, temperatures: list[float], batch: int, max_new_tokens: int,
@@ -87,14 +89,14 @@ def regenerate(target: str, out: str, prompts, temperatures: list[float], batch:
     """One pass over `prompts` per temperature; returns the number of chats written."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from blockspec.train.data import render_prompt
     tok = AutoTokenizer.from_pretrained(target)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=DTYPES[dtype]).to(device).eval()
     eos = model.generation_config.eos_token_id
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if isinstance(eos, list) else eos)
     fitted = [fit_prompt(tok, p.messages, max_prompt_tokens) for p in prompts]
-    # Similar lengths in one batch waste less on left padding.
-    encoded = sorted(((p.id, msgs, render_prompt(tok, msgs)[-max_prompt_tokens:]) for p, msgs in zip(prompts, fitted)),
+    # Similar lengths in one batch waste less on left padding. (Re-encoding the cut text can
+    # differ by a token at the cut: the ids are bounded again.)
+    encoded = sorted(((p.id, msgs, ids[-max_prompt_tokens:]) for p, (msgs, ids) in zip(prompts, fitted)),
                      key=lambda item: len(item[2]))
     torch.manual_seed(seed)
     written = 0

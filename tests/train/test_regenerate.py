@@ -95,9 +95,10 @@ def test_fit_prompt_keeps_what_fits(qwen3_dir):
     tok = AutoTokenizer.from_pretrained(qwen3_dir)
     chat = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "alpha " * 30},
             {"role": "assistant", "content": "beta " * 30}, {"role": "user", "content": "Tell me about the sea."})
-    assert R.fit_prompt(tok, chat, 10_000) == chat
+    assert R.fit_prompt(tok, chat, 10_000) == (chat, D.render_prompt(tok, chat))
     last = len(D.render_prompt(tok, chat[-1:]))
-    fitted = R.fit_prompt(tok, chat, last + 3)
+    fitted, _ = R.fit_prompt(tok, chat, last + 3)
     assert fitted == chat[-1:]                          # oldest turns dropped, never starting with the assistant
-    cut = R.fit_prompt(tok, chat[-1:], last - 3)
+    cut, cut_ids = R.fit_prompt(tok, chat[-1:], last - 3)
+    assert cut_ids == D.render_prompt(tok, cut)
     assert len(D.render_prompt(tok, cut)) <= last - 3 and chat[-1]["content"].endswith(cut[0]["content"].strip())

@@ -118,7 +118,8 @@ def cmd_serve(args) -> int:
     from blockspec.server.cli import run_serve
 
     def build_engine(a):
-        from blockspec.engine.engine import Engine, EngineConfig
+        from blockspec.engine.config import EngineConfig
+        from blockspec.engine.engine import Engine
         if a.model is None:
             from blockspec.bundled import default_model
             model, draft, spec = default_model(a.draft_model, a.spec)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from blockspec.engine.engine import Engine, EngineConfig
+from blockspec.engine.config import EngineConfig
+from blockspec.engine.engine import Engine
 from blockspec.engine.outputs import RequestOutput, SpecMetrics
 from blockspec.sampling import SamplingParams
 

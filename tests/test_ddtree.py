@@ -7,10 +7,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import blockspec.engine.runner as runner_module
-from blockspec.engine.engine import Engine, EngineConfig
+from blockspec.engine.config import EngineConfig
+from blockspec.engine.engine import Engine
 from blockspec.llm import LLM
-from blockspec.spec.proposers import Proposer
-from blockspec.spec.tree import DraftTree
+from blockspec.speculative.proposers import Proposer
+from blockspec.speculative.tree import DraftTree
 from blockspec.sampling import SamplingParams
 from blockspec.validation.lossless import chi_square_against_law, exact_joint_law, sample_continuations
 from dflash_fixtures import write_dflash_drafter

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from blockspec.config import ModelConfig
-from blockspec.engine.engine import Engine, EngineConfig
+from blockspec.engine.config import EngineConfig
+from blockspec.engine.engine import Engine
 from blockspec.models.dflash import default_target_layer_ids, load_drafter
 from dflash_fixtures import write_dflash_drafter
 

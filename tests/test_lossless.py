@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 import blockspec.engine.runner as runner_module
 from blockspec.llm import LLM
 from blockspec.sampling import SamplingParams
-from blockspec.spec.verify import verify_tree
+from blockspec.speculative.verify import verify_tree
 from blockspec.validation.lossless import chi_square_against_law, exact_joint_law, sample_continuations
 from dflash_fixtures import write_dflash_drafter
 

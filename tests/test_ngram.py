@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from blockspec.spec.ngram import propose_ngram, propose_ngram_batch
+from blockspec.speculative.ngram import propose_ngram, propose_ngram_batch
 
 
 def reference_ngram(tokens, num_draft, max_ngram=3, min_ngram=1):

@@ -3,11 +3,12 @@
 import pytest
 import torch
 
-from blockspec.engine.engine import Engine, EngineConfig
+from blockspec.engine.config import EngineConfig
+from blockspec.engine.engine import Engine
 from blockspec.llm import LLM
 from blockspec.sampling import SamplingParams
-from blockspec.spec.proposers import Proposer
-from blockspec.spec.tree import chain_tree
+from blockspec.speculative.proposers import Proposer
+from blockspec.speculative.tree import chain_tree
 from dflash_fixtures import write_dflash_drafter
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)

@@ -4,7 +4,8 @@ request gives the same tokens alone and inside a batch, with and without specula
 import pytest
 import torch
 
-from blockspec.engine.engine import Engine, EngineConfig
+from blockspec.engine.config import EngineConfig
+from blockspec.engine.engine import Engine
 from blockspec.llm import LLM
 from blockspec.sampling import SamplingParams
 from dflash_fixtures import write_dflash_drafter

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from blockspec.spec.tree import (accepted_kv_indices, build_tree, chain_tree, tree_attention_mask,
+from blockspec.speculative.tree import (accepted_kv_indices, build_tree, chain_tree, tree_attention_mask,
                                  tree_positions)
 
 

@@ -1,4 +1,4 @@
-"""Tests of blockspec.spec.verify: hand-built greedy cases and exact-law (chi-square) checks.
+"""Tests of blockspec.speculative.verify: hand-built greedy cases and exact-law (chi-square) checks.
 
 Why the distribution tests prove losslessness. Think of the target as an autoregressive model
 over a vocabulary of V = 6 tokens: the distribution of the token after a prefix is p(. | prefix),
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from blockspec.sampling import SamplingParams, SamplingTensors, filtered_probs, sample_from_probs
-from blockspec.spec.verify import (
+from blockspec.speculative.verify import (
     VerifyResult,
     verify_chain,
     verify_chain_rejection,

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from blockspec.config import ModelConfig
+from blockspec.engine.config import EngineConfig
 from blockspec.engine.outputs import SpecMetrics, StepOutput
 from blockspec.engine.runner import ModelRunner, StepResult
 from blockspec.engine.scheduler import Scheduler
@@ -21,46 +22,8 @@ from blockspec.kv.allocator import PageAllocator, PageTable
 from blockspec.kv.cache import KVCache
 from blockspec.models.loader import load_target, parse_device, parse_dtype
 from blockspec.sampling import SamplingParams, draw_uniforms, make_generator
-from blockspec.spec.tree import chain_tree
+from blockspec.speculative.tree import chain_tree
 from blockspec.tokenizer import Tokenizer
-
-SPEC_ALGORITHMS = ("none", "ngram", "dflash", "ddtree")
-
-
-@dataclass
-class EngineConfig:
-    model: str
-    dtype: str = "float32"
-    device: str = "cpu"
-    spec: str = "none"
-    draft_model: str | None = None
-    block_size: int | None = None
-    spec_verify: str = "target-only"   # or "rejection": drafts sampled from q (dflash chains)
-    tree_budget: int | None = None
-    tree_topk: int | None = None
-    max_running_requests: int = 64
-    kv_cache_tokens: int | None = None
-    page_size: int = 16
-    max_model_len: int | None = None
-    max_prefill_tokens: int = 2048
-    seed: int = 0
-    detokenize: bool = True   # False: token ids only (statistical tools); stop strings then refused
-
-    def validate(self) -> None:
-        if self.spec not in SPEC_ALGORITHMS:
-            raise ValueError(f"spec must be one of {', '.join(SPEC_ALGORITHMS)}, got {self.spec!r}")
-        if self.spec_verify not in ("target-only", "rejection"):
-            raise ValueError(f"spec_verify must be 'target-only' or 'rejection', got {self.spec_verify!r}")
-        for name in ("max_running_requests", "page_size", "max_prefill_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive")
-        if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.page_size:
-            raise ValueError("kv_cache_tokens must hold at least one page")
-        if self.block_size is not None and self.block_size < 1:
-            raise ValueError("block_size must be positive")
-        parse_dtype(self.dtype)
-        parse_device(self.device)
-
 
 @dataclass
 class EngineStats:
@@ -97,7 +60,7 @@ class Engine:
         self.spec_algorithm = config.spec
         self.proposer = proposer
         if proposer is None and config.spec != "none":
-            from blockspec.spec.proposers import build_proposer
+            from blockspec.speculative.proposers import build_proposer
             self.proposer = build_proposer(config)
         if self.proposer is not None:
             self.proposer.load(self)

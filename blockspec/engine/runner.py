@@ -15,8 +15,8 @@ from blockspec.engine.sequence import Sequence
 from blockspec.kv.cache import KVCache, compaction_slots
 from blockspec.models.llama import CausalLM
 from blockspec.sampling import SamplingTensors, filtered_probs, sample_from_probs
-from blockspec.spec.tree import DraftTree, accepted_kv_indices, tree_attention_mask
-from blockspec.spec.verify import verify_chain_rejection, verify_tree
+from blockspec.speculative.tree import DraftTree, accepted_kv_indices, tree_attention_mask
+from blockspec.speculative.verify import verify_chain_rejection, verify_tree
 
 
 @dataclass

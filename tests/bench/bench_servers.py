@@ -14,7 +14,8 @@ GREEDY_WORDS = "the sea is calm and the waves are slow under a grey sky tonight"
 @contextlib.contextmanager
 def blockspec_server(model_dir: str, **engine_config):
     """The real blockspec server (app + AsyncEngine + Engine) on a model directory."""
-    from blockspec.engine.engine import Engine, EngineConfig
+    from blockspec.engine.config import EngineConfig
+    from blockspec.engine.engine import Engine
     from blockspec.server.app import create_app
     from blockspec.server.async_engine import AsyncEngine
 

@@ -10,7 +10,7 @@ import torch
 
 import blockspec.engine.runner as runner_module
 from blockspec.sampling import SamplingParams
-from blockspec.spec.verify import verify_tree
+from blockspec.speculative.verify import verify_tree
 from blockspec.validation.check_lossless import LosslessCheckConfig, settings_from_lists
 from bench_servers import run_cli
 from dflash_fixtures import write_dflash_drafter

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blockspec.engine.engine import Engine, EngineConfig
+from blockspec.engine.config import EngineConfig
+from blockspec.engine.engine import Engine
 from blockspec.sampling import SamplingParams
-from blockspec.spec.proposers import Proposer
-from blockspec.spec.tree import chain_tree
+from blockspec.speculative.proposers import Proposer
+from blockspec.speculative.tree import chain_tree
 from dflash_fixtures import write_dflash_drafter
 
 VOCAB = 512

@@ -27,7 +27,8 @@ _TESTS_DIR = Path(__file__).resolve().parent.parent
 if str(_TESTS_DIR) not in sys.path:  # fixtures.py / dflash_fixtures.py live in tests/
     sys.path.insert(0, str(_TESTS_DIR))
 
-from blockspec.engine.engine import Engine, EngineConfig  # noqa: E402
+from blockspec.engine.config import EngineConfig
+from blockspec.engine.engine import Engine  # noqa: E402
 
 DRAFT_BLOCK_SIZE = 8   # the random drafter's trained block size
 SPEC_BLOCK_SIZE = 4    # block size the engines run with (small: cheap verify steps on CPU)

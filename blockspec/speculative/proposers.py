@@ -19,8 +19,8 @@ from blockspec.engine.runner import StepResult, page_table_tensor, slots_for
 from blockspec.engine.sequence import Sequence
 from blockspec.kv.cache import KVCache
 from blockspec.sampling import SamplingTensors, filtered_probs, sample_from_probs
-from blockspec.spec.ngram import propose_ngram_batch
-from blockspec.spec.tree import DraftTree, build_tree, chain_tree
+from blockspec.speculative.ngram import propose_ngram_batch
+from blockspec.speculative.tree import DraftTree, build_tree, chain_tree
 
 
 class Proposer:

@@ -1,0 +1,54 @@
+"""The engine's settings: one definition, shared by the Python API, every CLI command and the server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from blockspec.models.loader import parse_device, parse_dtype
+
+SPEC_ALGORITHMS = ("none", "ngram", "dflash", "ddtree")
+SPEC_VERIFY_RULES = ("target-only", "rejection")
+ATTENTION_BACKENDS = ("auto", "reference", "triton")
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    spec: str = "none"
+    draft_model: str | None = None
+    block_size: int | None = None
+    spec_verify: str = "target-only"   # or "rejection": drafts sampled from q (dflash chains)
+    tree_budget: int | None = None
+    tree_topk: int | None = None
+    max_running_requests: int = 64
+    kv_cache_tokens: int | None = None
+    page_size: int = 16
+    max_model_len: int | None = None
+    max_prefill_tokens: int = 2048
+    seed: int = 0
+    detokenize: bool = True   # False: token ids only (statistical tools); stop strings then refused
+    attention_backend: str = "auto"    # auto: triton on CUDA, reference on CPU
+    cuda_graph: bool = True            # capture decode/verify steps on CUDA (ignored on CPU)
+    cuda_graph_max_bs: int = 64        # largest captured batch; larger batches run eager (logged)
+
+    def validate(self) -> None:
+        if self.spec not in SPEC_ALGORITHMS:
+            raise ValueError(f"spec must be one of {', '.join(SPEC_ALGORITHMS)}, got {self.spec!r}")
+        if self.spec_verify not in SPEC_VERIFY_RULES:
+            raise ValueError(f"spec_verify must be 'target-only' or 'rejection', got {self.spec_verify!r}")
+        for name in ("max_running_requests", "page_size", "max_prefill_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.page_size:
+            raise ValueError("kv_cache_tokens must hold at least one page")
+        if self.block_size is not None and self.block_size < 1:
+            raise ValueError("block_size must be positive")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                             f"got {self.attention_backend!r}")
+        if self.cuda_graph_max_bs < 1:
+            raise ValueError("cuda_graph_max_bs must be positive")
+        parse_dtype(self.dtype)
+        parse_device(self.device)

@@ -10,7 +10,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# The Llama family this config describes; models/registry.py maps names to families.
+LLAMA_FAMILY = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,8 @@ class ModelConfig:
         archs = cfg.get("architectures") or []
         arch = archs[0] if archs else {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                                        "qwen3": "Qwen3ForCausalLM"}.get(cfg.get("model_type", ""), "")
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        if arch not in LLAMA_FAMILY:
+            raise ValueError(f"architecture {arch!r} is not supported; supported: {', '.join(LLAMA_FAMILY)}")
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         attention_bias = bool(cfg.get("attention_bias", False))

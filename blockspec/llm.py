@@ -8,21 +8,42 @@ from blockspec.engine.outputs import RequestOutput, SpecMetrics
 from blockspec.sampling import SamplingParams
 
 
-class LLM:
-    """All prompts of one `generate` call run together as one continuously batched set."""
+def engine_config(model: str | None = None, *, spec: str | None = None, draft_model: str | None = None,
+                  budget: int | None = None, topk: int | None = None, **settings) -> EngineConfig:
+    """The EngineConfig of `LLM(...)` and of every CLI command (`blockspec.engine_args`).
 
-    def __init__(self, model: str | None = None, *, dtype: str = "float32", device: str = "cpu",
-                 draft_model: str | None = None, spec: str | None = None, block_size: int | None = None,
-                 budget: int | None = None, topk: int | None = None, **engine_kwargs):
-        if model is None:
-            from blockspec.bundled import default_model  # the bundled pair (issue 5)
-            model, draft_model, spec = default_model(draft_model, spec)
-        self.engine = Engine(EngineConfig(model=str(model), dtype=dtype, device=device,
-                                          spec=spec or "none", draft_model=draft_model,
-                                          block_size=block_size, tree_budget=budget, tree_topk=topk,
-                                          **engine_kwargs))
+    model None: the bundled pair (its drafter, and spec dflash when it ships one). spec None:
+    "none". budget / topk are the DDTree names of tree_budget / tree_topk. Every other keyword is
+    an EngineConfig field, passed through unchanged (an unknown name is a TypeError).
+    """
+    if model is None:
+        from blockspec.bundled import default_model  # the bundled pair (issue 5)
+        model, draft_model, spec = default_model(draft_model, spec)
+    for alias, value in (("budget", budget), ("topk", topk)):
+        if value is not None:
+            field = "tree_" + alias
+            if settings.get(field) is not None:
+                raise TypeError(f"give {alias} or {field}, not both")
+            settings[field] = value
+    return EngineConfig(model=str(model), spec=spec or "none", draft_model=draft_model, **settings)
+
+
+class LLM:
+    """All prompts of one `generate` call run together as one continuously batched set.
+
+    `LLM(model=None, **settings)`: the settings are `engine_config`'s (EngineConfig fields, with
+    budget / topk for DDTree), e.g. dtype, device, draft_model, spec, block_size, spec_verify.
+    """
+
+    def __init__(self, model: str | None = None, **settings):
+        self.engine = Engine(engine_config(model, **settings))
         self.tokenizer = self.engine.tokenizer
         self._counter = 0
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> "LLM":
+        """An LLM on a new engine built from `config`."""
+        return cls.from_engine(Engine(config))
 
     @classmethod
     def from_engine(cls, engine: Engine) -> "LLM":

@@ -174,7 +174,7 @@ def filtered_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """The target distribution: logits [B, *, V] -> float32 probabilities [B, *, V].
 
     Filters apply in the order temperature -> top_k -> top_p -> min_p, each followed by a
-    renormalisation (REFERENCE §3); row b's settings broadcast over the middle dims. Greedy
+    renormalisation (docs/verification.md); row b's settings broadcast over the middle dims. Greedy
     rows give the one-hot of the first maximal logit. Everything happens in one descending
     sort (stable, so ties keep vocabulary order), with masks built in sorted order.
     """

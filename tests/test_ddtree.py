@@ -6,12 +6,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import blockspec.engine.runner as runner_module
+import blockspec.speculative.step as step_module
+from blockspec.batch import prefill_inputs
 from blockspec.engine.config import EngineConfig
 from blockspec.engine.engine import Engine
 from blockspec.llm import LLM
 from blockspec.speculative.proposers import Proposer
-from blockspec.speculative.tree import DraftTree
+from blockspec.speculative.tree import PAD_PARENT, ROOT_PARENT, DraftTree
 from blockspec.sampling import SamplingParams
 from blockspec.validation.lossless import chi_square_against_law, exact_joint_law, sample_continuations
 from dflash_fixtures import write_dflash_drafter
@@ -81,7 +82,7 @@ def test_sampled_tree_is_lossless(tiny_vocab_dir, tiny_drafter, tiny_law, budget
 
 
 def test_sampled_tree_negative_control_fails(tiny_vocab_dir, tiny_drafter, tiny_law, monkeypatch):
-    monkeypatch.setattr(runner_module, "verify_tree", over_accepting_verify_tree)
+    monkeypatch.setattr(step_module, "verify_tree", over_accepting_verify_tree)
     samples = sample_continuations(tree_llm(tiny_vocab_dir, tiny_drafter, 8), PROMPT, SETTINGS["t1"],
                                    NUM_SAMPLES, NUM_TOKENS)
     assert chi_square_against_law(samples, tiny_law["t1"]).p_value < ALPHA
@@ -97,10 +98,10 @@ class DecoyTreeOracle(Proposer):
         self.max_nodes = 2 * depth
 
 
-    def propose(self, seqs, roots, uniforms=None):
+    def propose(self, seqs, inputs):
         (s,) = seqs
         right = self.cont[s.num_output:s.num_output + self.max_depth]
-        tokens, parents, depths = [s.last_token], [-1], [0]
+        tokens, parents, depths = [s.last_token], [ROOT_PARENT], [0]
         parent = 0
         for d, t in enumerate(right, start=1):
             tokens += [(t + 1) % self.vocab, t]
@@ -109,7 +110,7 @@ class DecoyTreeOracle(Proposer):
             parent = len(tokens) - 1
         pad = 2 * self.max_depth + 1 - len(tokens)
         tokens += [0] * pad
-        parents += [-2] * pad
+        parents += [PAD_PARENT] * pad
         depths += [0] * pad
         return DraftTree(torch.tensor([tokens]), torch.tensor([parents]), torch.tensor([depths]),
                          torch.tensor([2 * len(right)]), torch.zeros(1, len(tokens)), self.max_depth), None
@@ -134,7 +135,8 @@ def test_compacted_cache_equals_cache_of_accepted_path(qwen3_dir):
     plain.add_request("p", seq.tokens[:n], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
     pseq = plain.scheduler.waiting[0]
     sched = plain.scheduler.schedule()
-    plain.runner.prefill(sched.seqs, sched.chunk_lens, [True], torch.zeros(1, 1, dtype=torch.float64))
+    plain.runner.prefill(prefill_inputs(sched.seqs, sched.chunk_lens, torch.zeros(1, 1, dtype=torch.float64),
+                                        plain.cache.page_size, plain.device))
     pslots = torch.tensor([pseq.page_table.slot(p) for p in range(n)])
     torch.testing.assert_close(engine.cache.k[:, slots], plain.cache.k[:, pslots], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(engine.cache.v[:, slots], plain.cache.v[:, pslots], rtol=1e-5, atol=1e-5)
@@ -151,7 +153,7 @@ class MixedBatchOracle(Proposer):
 
     def row(self, seq):
         right = self.conts[seq.request_id][seq.num_output:]
-        tokens, parents, depths = [seq.last_token], [-1], [0]
+        tokens, parents, depths = [seq.last_token], [ROOT_PARENT], [0]
         if seq.request_id == "chain":
             for d, t in enumerate(right[:2 * self.depth], start=1):
                 tokens.append(t), parents.append(d - 1), depths.append(d)
@@ -163,9 +165,9 @@ class MixedBatchOracle(Proposer):
                 depths += [d, d]
                 parent = len(tokens) - 1
         pad = 2 * self.depth + 1 - len(tokens)
-        return tokens + [0] * pad, parents + [-2] * pad, depths + [0] * pad, len(tokens) - 1
+        return tokens + [0] * pad, parents + [PAD_PARENT] * pad, depths + [0] * pad, len(tokens) - 1
 
-    def propose(self, seqs, roots, uniforms=None):
+    def propose(self, seqs, inputs):
         rows = [self.row(s) for s in seqs]
         tensors = [torch.tensor([r[i] for r in rows]) for i in range(4)]
         depth = int(tensors[2].max())

@@ -1,5 +1,5 @@
 """The DFlash drafter: z-lab's format, default layer ids, fit checks, and its forward against a
-dense reference that follows REFERENCE §1 literally (context K/V in front of the block's)."""
+dense reference that follows docs/dflash.md literally (context K/V in front of the block's)."""
 
 import json
 
@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from blockspec.config import ModelConfig
+from blockspec.batch import decode_inputs
 from blockspec.engine.config import EngineConfig
 from blockspec.engine.engine import Engine
 from blockspec.models.dflash import default_target_layer_ids, load_drafter
@@ -57,7 +58,7 @@ def rope(x, pos, theta, dim):
 
 
 def dense_draft_logits(sd, cfg, feats, block_emb, lm_head, theta):
-    """REFERENCE §1 written out densely for one sequence: context length T, block length S."""
+    """docs/dflash.md (Architecture) written out densely for one sequence: context length T, block length S."""
     T, S = feats.shape[0], block_emb.shape[0]
     H, nh, nkv, hd = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     ctx = rms(feats @ sd["fc.weight"].T, sd["hidden_norm.weight"])
@@ -99,11 +100,12 @@ def test_drafter_forward_matches_dense_reference(tmp_path, qwen3_dir):
 
 def check_drafter_against_dense(engine, prop, hf, cfg, seq):
     seq.page_table.reserve(engine.allocator, seq.num_cached + engine.lookahead)  # as the scheduler does
-    roots = torch.tensor([seq.last_token])
+    inputs = decode_inputs([seq], torch.zeros(1, prop.max_depth + 1, dtype=torch.float64),
+                           engine.cache.page_size, engine.device)
     captured = {}
     orig = prop.target.logits
     prop.target.logits = lambda h: captured.setdefault("logits", orig(h))
-    prop.propose([seq], roots)
+    prop.propose([seq], inputs)
     prop.target.logits = orig
     context = seq.tokens[:-1]
     assert seq.num_cached == len(context)

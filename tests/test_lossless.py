@@ -1,4 +1,4 @@
-"""Speculative sampling is distributed exactly as the target (REFERENCE §3).
+"""Speculative sampling is distributed exactly as the target (docs/verification.md).
 
 For a target over a 12-token vocabulary the joint law of the first 3 generated tokens is
 enumerated exactly (12³ cells) from transformers' forward; ≥ 20,000 seeded speculative
@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import blockspec.engine.runner as runner_module
+import blockspec.speculative.step as step_module
 from blockspec.llm import LLM
 from blockspec.sampling import SamplingParams
 from blockspec.speculative.verify import verify_tree
@@ -75,7 +75,7 @@ def over_accepting_verify_tree(target_probs, node_tokens, parents, uniforms):
 
 
 def test_negative_control_biased_verifier_fails(tiny_vocab_dir, drafter, laws, monkeypatch):
-    monkeypatch.setattr(runner_module, "verify_tree", over_accepting_verify_tree)
+    monkeypatch.setattr(step_module, "verify_tree", over_accepting_verify_tree)
     llm = spec_llm(tiny_vocab_dir, drafter, 4, "target-only")
     samples = sample_continuations(llm, PROMPT, SETTINGS["t1"], NUM_SAMPLES, NUM_TOKENS)
     result = chi_square_against_law(samples, laws["t1"])

@@ -23,7 +23,8 @@ class OracleProposer(Proposer):
         self.max_depth = self.max_nodes = num_draft
 
 
-    def propose(self, seqs, roots, uniforms=None):
+    def propose(self, seqs, inputs):
+        roots = inputs.roots
         rows, counts = [], []
         for s in seqs:
             cont = self.continuations[tuple(s.prompt_ids)]

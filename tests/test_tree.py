@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from blockspec.speculative.tree import (accepted_kv_indices, build_tree, chain_tree, tree_attention_mask,
-                                 tree_positions)
+from blockspec.speculative.tree import (PAD_PARENT, ROOT_PARENT, accepted_kv_indices, build_tree, chain_tree,
+                                        tree_attention_mask, tree_positions)
 
 
 def random_logprobs(batch: int, depth: int, vocab: int, seed: int) -> torch.Tensor:
@@ -160,7 +160,7 @@ def brute_force_mask(parents: list[int]) -> list[list[bool]]:
     mask = [[False] * width for _ in range(width)]
     for i in range(width):
         mask[i][i] = True
-        if parents[i] == -2:
+        if parents[i] == PAD_PARENT:
             continue
         cur = parents[i]
         while cur >= 0:
@@ -170,14 +170,14 @@ def brute_force_mask(parents: list[int]) -> list[list[bool]]:
 
 
 def random_parents(num_real: int, width: int, gen: torch.Generator, chain_bias: bool) -> list[int]:
-    """A random tree in topological order, padded with −2 up to `width`."""
-    parents = [-1]
+    """A random tree in topological order, padded with PAD_PARENT up to `width`."""
+    parents = [ROOT_PARENT]
     for i in range(1, num_real + 1):
         if chain_bias and torch.rand(1, generator=gen).item() < 0.8:
             parents.append(i - 1)                      # long paths exercise many doubling steps
         else:
             parents.append(int(torch.randint(0, i, (1,), generator=gen)))
-    return parents + [-2] * (width - 1 - num_real)
+    return parents + [PAD_PARENT] * (width - 1 - num_real)
 
 
 @pytest.mark.parametrize("width", [1, 2, 7, 40])

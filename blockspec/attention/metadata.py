@@ -7,6 +7,9 @@ from dataclasses import dataclass
 import torch
 
 
+MASK_KINDS = ("causal", "full", "tree")
+
+
 @dataclass
 class AttentionBatch:
     """A padded batch: row b has `prefix_lens[b]` cached tokens and `new_lens[b]` new ones.
@@ -15,7 +18,9 @@ class AttentionBatch:
     page_table [B, P]    pages of each row, padded with 0
     prefix_lens [B]      tokens already in the cache
     new_lens   [B]       valid new tokens (≤ Q)
-    new_mask   [B, Q, Q] new token i sees new token j
+    new_mask   [B, Q, Q] new token i sees new token j; None for the two masks a kernel derives
+                         itself, `mask_kind` "causal" (prefill, chains) and "full" (a DFlash block)
+    mask_kind  str       "tree" when new_mask is given explicitly (tree verification, tests)
     The new tokens occupy cache positions prefix_len … prefix_len + new_len − 1 in order.
     """
 
@@ -23,12 +28,32 @@ class AttentionBatch:
     page_table: torch.Tensor
     prefix_lens: torch.Tensor
     new_lens: torch.Tensor
-    new_mask: torch.Tensor
+    new_mask: torch.Tensor | None = None
+    mask_kind: str = "tree"
+
+    def __post_init__(self) -> None:
+        if self.mask_kind not in MASK_KINDS:
+            raise ValueError(f"mask_kind must be one of {', '.join(MASK_KINDS)}, got {self.mask_kind!r}")
+        if self.mask_kind == "tree" and self.new_mask is None:
+            raise ValueError("a tree mask needs new_mask")
+
+    @property
+    def width(self) -> int:
+        return self.slots.shape[1]
+
+    def dense_new_mask(self, causal: bool = False) -> torch.Tensor:
+        """`[B, Q, Q]` bool, materialised for backends that take an explicit mask."""
+        B, Q = self.slots.shape
+        if self.mask_kind == "causal" or (causal and self.mask_kind == "full"):
+            return causal_new_mask(B, Q, self.slots.device)
+        if self.mask_kind == "full":
+            return full_new_mask(B, Q, self.slots.device)
+        return self.new_mask.tril() if causal else self.new_mask
 
     def visibility(self, page_size: int, sliding_window: int | None = None,
-                   positions: torch.Tensor | None = None) -> torch.Tensor:
+                   positions: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
         """Boolean mask `[B, 1, Q, P * page_size]`: query i may attend to gathered key j."""
-        return visibility_mask(self.prefix_lens, self.new_lens, self.new_mask,
+        return visibility_mask(self.prefix_lens, self.new_lens, self.dense_new_mask(causal),
                                self.page_table.shape[1] * page_size, sliding_window, positions)
 
 

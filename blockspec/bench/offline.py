@@ -2,9 +2,9 @@
 
 Both engines are built once and run the same prompts with the same seeds; tokens/s of each
 gives the speedup. With `batch_size` 1 every prompt is its own `generate` call (latency); larger
-values batch prompts into one call. Accept length and per-position acceptance follow REFERENCE
-§4: committed tokens per verify step (bonus included), and the share of verify steps whose draft
-position k was accepted.
+values batch prompts into one call. Accept length and per-position acceptance follow
+docs/metrics.md: committed tokens per verify step (bonus included), and the share of verify
+steps whose draft position k was accepted.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every request streams (`stream_options.include_usage`), so time to first token and the gaps
 between chunks are measured on the client, as SGLang's bench_serving and vLLM's bench serve do
-(REFERENCE §4): TTFT, TPOT = (latency − TTFT)/(output tokens − 1), ITL = time between content
+(docs/metrics.md): TTFT, TPOT = (latency − TTFT)/(output tokens − 1), ITL = time between content
 chunks (a speculative server may put several tokens in one chunk). One cell of the sweep is one
 (concurrency, temperature) pair; its requests arrive as a Poisson process of rate
 `request_rate` (all at once when infinite) and at most `concurrency` are in flight.

@@ -1,29 +1,34 @@
 """The engine: requests in, per-step outputs out.
 
-request → scheduler → runner → model → drafter/verifier → output. This file composes them
-and owns what happens on the host after a step: committing tokens, stops, detokenization.
+request → scheduler → step inputs (`batch.py`) → runner → model (through the attention backend)
+→ speculative step (draft → verify → accept) → output. This file composes them and owns what
+happens on the host after a step: committing tokens, stops, detokenization.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from blockspec.config import ModelConfig
+from blockspec.attention.backend import select_backend
+from blockspec.batch import decode_inputs, prefill_inputs
 from blockspec.engine.config import EngineConfig
 from blockspec.engine.outputs import SpecMetrics, StepOutput
-from blockspec.engine.runner import ModelRunner, StepResult
+from blockspec.engine.runner import ModelRunner
 from blockspec.engine.scheduler import Scheduler
 from blockspec.engine.sequence import Sequence, Status
 from blockspec.engine.stops import first_stop_string, stop_prefix_holdback, token_stop_reason
 from blockspec.kv.allocator import PageAllocator, PageTable
-from blockspec.kv.cache import KVCache
 from blockspec.models.loader import load_target, parse_device, parse_dtype
-from blockspec.sampling import SamplingParams, draw_uniforms, make_generator
-from blockspec.speculative.tree import chain_tree
+from blockspec.models.registry import load_config
+from blockspec.sampling import SamplingParams, draw_uniforms, filtered_probs, make_generator, sample_from_probs
+from blockspec.speculative.step import SpeculativeStep
 from blockspec.tokenizer import Tokenizer
+
+log = logging.getLogger("blockspec.engine")
 
 @dataclass
 class EngineStats:
@@ -52,8 +57,9 @@ class Engine:
         config.validate()
         self.config = config
         self.device = parse_device(config.device)
-        self.model_config = ModelConfig.load(config.model)
-        self.model = load_target(config.model, config.dtype, self.device)
+        self.attention_backend = select_backend(config.attention_backend, self.device)
+        self.model_config = load_config(config.model)
+        self.model = load_target(config.model, config.dtype, self.device, self.attention_backend)
         self.tokenizer = Tokenizer.load(config.model)
         self.model_name = Path(config.model).name
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
@@ -61,9 +67,7 @@ class Engine:
         self.proposer = proposer
         if proposer is None and config.spec != "none":
             from blockspec.speculative.proposers import build_proposer
-            self.proposer = build_proposer(config)
-        if self.proposer is not None:
-            self.proposer.load(self)
+            self.proposer = build_proposer(config, self.model_config)
         # Cache positions a decode step writes past the committed length: the verify width and
         # the drafter's block.
         lookahead = max(1 + self.proposer.max_nodes, self.proposer.block_size) if self.proposer else 1
@@ -74,18 +78,33 @@ class Engine:
         kv_tokens = config.kv_cache_tokens or max(min(config.max_running_requests * per_request, 32768), per_request)
         num_pages = -(-kv_tokens // config.page_size) + 1  # whole pages holding kv_tokens, + reserved page 0
         self.allocator = PageAllocator(num_pages, config.page_size)
-        mc = self.model_config
-        dtype = parse_dtype(config.dtype)
-        self.cache = KVCache(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads, mc.head_dim, dtype, self.device)
+        self.cache = self.model.cache_spec.allocate(num_pages, config.page_size, parse_dtype(config.dtype), self.device)
+        if self.proposer:
+            self.proposer.load(self.model, num_pages, config.page_size, self.attention_backend)
         capture = self.proposer.target_layer_ids if self.proposer else ()
         self.runner = ModelRunner(self.model, self.cache, self.device, tuple(capture))
+        self.spec_step = SpeculativeStep(self.proposer, config.spec_verify)
+        self.graphed = self.capture_graphs() if self.device.type == "cuda" and config.cuda_graph else None
         self.scheduler = Scheduler(self.allocator, config.max_running_requests, config.max_prefill_tokens, lookahead)
         self.fallback_generator = torch.Generator().manual_seed(config.seed)
-        self.eos_ids = set(self.tokenizer.eos_token_ids) | set(mc.eos_token_ids)
+        self.eos_ids = set(self.tokenizer.eos_token_ids) | set(self.model_config.eos_token_ids)
         self._requests: dict[str, _RequestState] = {}
         self._arrivals = 0
-        if self.proposer:
-            self.proposer.allocate_cache(self.cache)
+
+    def capture_graphs(self):
+        """CUDA graphs of the verify step (plain decoding is a verify of width 1)."""
+        from blockspec.engine.cuda_graphs import GraphedVerify
+        if self.config.spec_verify == "rejection":
+            log.warning("CUDA graphs are not captured for rejection verification: its steps run eagerly")
+            return None
+        width = 1 + (self.proposer.max_nodes if self.proposer else 0)
+        max_pages = -(-(self.max_model_len + self.lookahead) // self.config.page_size)
+        graphed = GraphedVerify(lambda inputs, tree: self.spec_step.verify_accept(self.runner, inputs, tree),
+                                width, self.spec_step.uniforms_per_row, max_pages, self.config.page_size,
+                                bool(self.proposer and self.proposer.builds_trees), self.device,
+                                min(self.config.cuda_graph_max_bs, self.config.max_running_requests))
+        graphed.capture()
+        return graphed
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -141,32 +160,24 @@ class Engine:
 
     def _prefill_step(self, seqs: list[Sequence], chunk_lens: list[int]) -> list[StepOutput]:
         samples = [s.num_cached + n == s.prefill_target and s.num_output == 0 for s, n in zip(seqs, chunk_lens)]
-        uniforms = self._uniforms(seqs, 1, samples)
-        tokens, features, batch, positions = self.runner.prefill(seqs, chunk_lens, samples, uniforms)
+        inputs = prefill_inputs(seqs, chunk_lens, self._uniforms(seqs, 1, samples), self.cache.page_size, self.device)
+        logits, features, batch, positions = self.runner.prefill(inputs)
         if self.proposer:
-            self.proposer.on_prefill(seqs, features, batch, positions)
+            self.proposer.on_prefill(features, batch, positions)
+        # Every row is sampled (fixed shapes); rows whose prompt is not fully cached drop theirs.
+        tokens = sample_from_probs(filtered_probs(logits, inputs.sampling), inputs.uniforms[:, 0]).tolist()
         for s, n in zip(seqs, chunk_lens):
             s.num_cached += n
-        return [self._commit(self._requests[s.request_id], [t]) for s, t in zip(seqs, tokens) if t is not None]
+        return [self._commit(self._requests[s.request_id], [t]) for s, t, do in zip(seqs, tokens, samples) if do]
 
     def _decode_step(self, seqs: list[Sequence]) -> list[StepOutput]:
         """Draft (if speculating), verify in one target forward, commit, roll back the rest."""
-        roots = torch.tensor([s.last_token for s in seqs], dtype=torch.long)
-        depth = self.proposer.max_depth if self.proposer else 0
-        # Every request draws the same number of uniforms per step, whatever is accepted.
-        n = 3 * depth + 1 if self.config.spec_verify == "rejection" else depth + 1
-        uniforms = self._uniforms(seqs, n, [True] * len(seqs))
-        if self.proposer:
-            tree, draft_probs = self.proposer.propose(seqs, roots, uniforms)
-        else:
-            tree, draft_probs = chain_tree(torch.zeros(len(seqs), 0, dtype=torch.long), roots), None
-        step, path_features = self.runner.verify(seqs, tree, uniforms, draft_probs)
-        if self.proposer:
-            self.proposer.on_verify(seqs, step, path_features)
+        uniforms = self._uniforms(seqs, self.spec_step.uniforms_per_row, [True] * len(seqs))
+        inputs = decode_inputs(seqs, uniforms, self.cache.page_size, self.device)
+        step = self.spec_step.run(self.runner, inputs, self.graphed)
         outputs = []
-        for s, committed, accepted, drafted in zip(seqs, step.committed, step.accepted, tree.num_nodes.tolist()):
-            s.num_cached += accepted + 1          # the root and the accepted drafts are cached
-            s.page_table.truncate(self.allocator, s.num_cached)
+        for s, committed, accepted, drafted in zip(seqs, step.committed, step.accepted, step.drafted):
+            self.scheduler.commit_decode(s, accepted + 1)   # the root and the accepted drafts are cached
             out = self._commit(self._requests[s.request_id], committed)
             if self.proposer:
                 # Committed = what was kept: a stop or max_tokens may cut the block short.

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class SpecMetrics:
-    """Speculative-decoding counters of one request (REFERENCE §4 conventions).
+    """Speculative-decoding counters of one request (conventions: docs/metrics.md).
 
     accept_length = committed tokens per verify step, bonus included.
     accepted_per_position[k] = steps whose draft position k (0-based) was accepted.

@@ -110,6 +110,12 @@ class Scheduler:
                     break
         return ScheduledStep("decode", decoding, []) if decoding else None
 
+    def commit_decode(self, seq: Sequence, num_new_cached: int) -> None:
+        """After a verify step: `num_new_cached` positions (root + accepted) stay cached; the
+        pages reserved for the rest of the lookahead go back to the pool (rollback)."""
+        seq.num_cached += num_new_cached
+        seq.page_table.truncate(self.allocator, seq.num_cached)
+
     def _newest_running(self) -> Sequence:
         return max(self.running, key=lambda s: s.arrival)
 

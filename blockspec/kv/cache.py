@@ -1,8 +1,31 @@
-"""K/V tensors of the paged cache: write, gather and compaction, all fixed-shape tensor ops."""
+"""K/V tensors of the paged cache: write, gather and compaction, all fixed-shape tensor ops.
+
+The layout is described by a `CacheSpec` that each model provides (`model.cache_spec`): the
+engine allocates from it without knowing the family. Today every family stores per-head K and
+V (MHA/GQA); a latent layout (MLA) is another spec.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """Per token and layer: `num_kv_heads × head_dim` keys and as many values."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    def allocate(self, num_pages: int, page_size: int, dtype: torch.dtype,
+                 device: torch.device | str) -> "KVCache":
+        return KVCache(self.num_layers, num_pages, page_size, self.num_kv_heads, self.head_dim, dtype, device)
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * torch.finfo(dtype).bits // 8
 
 
 class KVCache:

@@ -1,4 +1,4 @@
-"""DFlash block-diffusion drafter in z-lab's checkpoint format (REFERENCE §1).
+"""DFlash block-diffusion drafter in z-lab's checkpoint format (docs/dflash.md).
 
 A few Qwen3-style layers with no embedding or LM head of their own (the target's are used).
 The target's hidden states after `target_layer_ids` are fused (`fc`, `hidden_norm`) into one
@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from blockspec.attention.metadata import AttentionBatch, visibility_mask
-from blockspec.attention.reference import paged_attention
+from blockspec.attention.backend import AttentionBackend
+from blockspec.attention.metadata import AttentionBatch
 from blockspec.config import ModelConfig, RopeConfig
 from blockspec.kv.cache import KVCache
-from blockspec.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope
+from blockspec.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope
 from blockspec.models.loader import load_state_dict
 
 
@@ -132,6 +132,9 @@ class DFlashAttention(nn.Module):
 
 
 class DFlashLayer(nn.Module):
+    """One drafter layer, the same for the engine (paged context K/V through the attention
+    backend) and the trainer (dense context K/V): only `attend` differs."""
+
     def __init__(self, cfg: DFlashConfig):
         super().__init__()
         self.self_attn = DFlashAttention(cfg)
@@ -139,11 +142,24 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend) -> torch.Tensor:
+        """x `[B, S, H]`; `attend(q [B,S,Hq,D], k, v [B,S,Hkv,D]) → [B,S,Hq,D]` adds the context."""
+        attn = self.self_attn
+        h = self.input_layernorm(x)
+        B, S, _ = h.shape
+        q = attn.q_norm(attn.q_proj(h).view(B, S, attn.num_heads, attn.head_dim))
+        q = apply_rope(q, cos, sin)
+        k, v = attn.project_kv(h, cos, sin)
+        x = x + attn.o_proj(attend(q, k, v).reshape(B, S, -1))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
 
 class DFlashDrafter(nn.Module):
-    def __init__(self, cfg: DFlashConfig):
+    def __init__(self, cfg: DFlashConfig, backend: AttentionBackend | None = None):
         super().__init__()
+        from blockspec.models.base import default_backend
         self.config = cfg
+        self.backend = backend or default_backend()
         self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.num_layers))
         self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -168,29 +184,18 @@ class DFlashDrafter(nn.Module):
         """Block `[B, S, H]` at `positions` attending to cached context + itself → normed hidden."""
         x = block_embeds
         cos, sin = self.rotary(positions, x.dtype)
-        num_keys = batch.page_table.shape[1] * cache.page_size
-        masks = {}
+        plans = {}
         for i, layer in enumerate(self.layers):
             window, causal = self.config.layer_window(i)
-            if (window, causal) not in masks:
-                new_mask = batch.new_mask.tril() if causal else batch.new_mask
-                masks[(window, causal)] = visibility_mask(batch.prefix_lens, batch.new_lens, new_mask,
-                                                          num_keys, window, positions)
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            B, S, _ = h.shape
-            q = attn.q_norm(attn.q_proj(h).view(B, S, attn.num_heads, attn.head_dim))
-            q = apply_rope(q, cos, sin)
-            k, v = attn.project_kv(h, cos, sin)
-            out = paged_attention(q, k, v, cache, i, batch.slots, batch.page_table, masks[(window, causal)], attn.scale)
-            x = x + attn.o_proj(out.reshape(B, S, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if (window, causal) not in plans:
+                plans[(window, causal)] = self.backend.plan(batch, cache, window, causal, positions)
+            plan, scale = plans[(window, causal)], layer.self_attn.scale
+            x = layer(x, cos, sin, lambda q, k, v: self.backend.forward(q, k, v, cache, i, plan, scale))
         return self.norm(x)
 
 
-def load_drafter(draft_dir: str | Path, target: ModelConfig, dtype: torch.dtype,
-                 device: torch.device) -> DFlashDrafter:
-    """Load a z-lab–format DFlash drafter and check that it fits the target."""
+def read_drafter_config(draft_dir: str | Path, target: ModelConfig) -> DFlashConfig:
+    """A z-lab–format drafter's config, checked against the target (no weights read)."""
     path = Path(draft_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"no config.json in drafter directory {draft_dir}")
@@ -200,6 +205,13 @@ def load_drafter(draft_dir: str | Path, target: ModelConfig, dtype: torch.dtype,
         raise ValueError(f"{draft_dir} is not a DFlash drafter (architectures: {archs})")
     cfg = DFlashConfig.from_hf(raw, target.num_layers)
     cfg.check_fits(target)
+    return cfg
+
+
+def load_drafter(draft_dir: str | Path, target: ModelConfig, dtype: torch.dtype,
+                 device: torch.device, backend: AttentionBackend | None = None) -> DFlashDrafter:
+    """Load a z-lab–format DFlash drafter and check that it fits the target."""
+    cfg = read_drafter_config(draft_dir, target)
     state = {k.removeprefix("model."): v for k, v in load_state_dict(draft_dir).items()}
     with torch.device("meta"):
         model = DFlashDrafter(cfg)
@@ -214,4 +226,6 @@ def load_drafter(draft_dir: str | Path, target: ModelConfig, dtype: torch.dtype,
     model.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim)
     model = model.to(device=device, dtype=dtype)
     model.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim).to(device)
+    if backend is not None:
+        model.backend = backend
     return model.eval()

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from blockspec.config import ModelConfig
-from blockspec.models.llama import CausalLM
+from blockspec.attention.backend import AttentionBackend
+from blockspec.models.registry import load_config, model_class_for
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -23,12 +23,15 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def parse_device(name: str | torch.device) -> torch.device:
+    """'cpu', 'cuda' or 'cuda:N' (CUDA must be available); 'auto' = cuda when available, else cpu."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"device must be cpu or cuda, got {name!r}") from None
+        raise ValueError(f"device must be auto, cpu or cuda[:N], got {name!r}") from None
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be cpu or cuda, got {name!r}")
+        raise ValueError(f"device must be auto, cpu or cuda[:N], got {name!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda was requested but CUDA is not available")
     return device
@@ -58,12 +61,12 @@ def load_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
 
 
 def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
-                device: str | torch.device = "cpu") -> CausalLM:
-    """Build the target model from `model_dir` and load its weights."""
-    cfg = ModelConfig.load(model_dir)
+                device: str | torch.device = "cpu", backend: AttentionBackend | None = None):
+    """Build the target model (its class from the architecture registry) and load its weights."""
+    cfg = load_config(model_dir)
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        model = model_class_for(cfg)(cfg, backend)
     state = load_state_dict(model_dir)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)

@@ -1,4 +1,5 @@
-"""`blockspec serve`: arguments and the runner (the engine is built by a callable passed in)."""
+"""`blockspec serve`: arguments and the runner (the engine is built by a callable passed in;
+`build_engine` builds the real one from the shared engine flags)."""
 
 from __future__ import annotations
 
@@ -6,20 +7,10 @@ import argparse
 import logging
 from collections.abc import Callable
 
-from blockspec.server.logging import DEFAULT_LOG_INTERVAL
+from blockspec.engine_args import add_engine_arguments, engine_config_from_args
+from blockspec.server.stats_log import DEFAULT_LOG_INTERVAL
 
 logger = logging.getLogger("blockspec")
-
-SPEC_CHOICES = ("none", "ngram", "dflash", "ddtree")
-DTYPE_CHOICES = ("float32", "bfloat16", "float16")
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
 
 def _positive_float(text: str) -> float:
     value = float(text)
@@ -36,17 +27,7 @@ def _port(text: str) -> int:
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    model = parser.add_argument_group("model")
-    model.add_argument("--model", default=None, help="model directory (default: the bundled model)")
-    model.add_argument("--draft-model", default=None, help="drafter directory (DFlash)")
-    model.add_argument("--spec", default=None, choices=SPEC_CHOICES, help="speculative decoding algorithm")
-    model.add_argument("--block-size", type=_positive_int, default=None, help="draft block size")
-    model.add_argument("--budget", type=_positive_int, default=None, help="DDTree node budget")
-    model.add_argument("--topk", type=_positive_int, default=None, help="DDTree top-k per depth")
-    model.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES)
-    model.add_argument("--device", default="cpu", help="cpu or cuda")
-    model.add_argument("--max-running-requests", type=_positive_int, default=None)
-    model.add_argument("--kv-cache-tokens", type=_positive_int, default=None)
+    add_engine_arguments(parser)
     http = parser.add_argument_group("server")
     http.add_argument("--host", default="127.0.0.1")
     http.add_argument("--port", type=_port, default=8000)
@@ -57,13 +38,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     return parser
 
 
+def build_engine(args: argparse.Namespace):
+    """The engine of the engine flags (`blockspec.engine_args`); the bundled model without --model."""
+    from blockspec.engine.engine import Engine
+    return Engine(engine_config_from_args(args))
+
+
 def build_server(args: argparse.Namespace, build_engine: Callable[[argparse.Namespace], object]):
     """(uvicorn.Server, AsyncEngine) ready to run; the caller shuts the AsyncEngine down."""
     import uvicorn
 
     from blockspec.server.app import create_app
     from blockspec.server.async_engine import AsyncEngine
-    from blockspec.server.logging import StatsLogger
+    from blockspec.server.stats_log import StatsLogger
 
     engine = build_engine(args)
     async_engine = AsyncEngine(engine, observers=[StatsLogger(args.log_interval)])

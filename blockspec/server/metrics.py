@@ -1,7 +1,7 @@
 """Prometheus metrics of one server, fed by the engine thread (an EngineObserver).
 
 Each app gets its own CollectorRegistry so that several servers can live in one process.
-Accept length follows REFERENCE §4: committed tokens per verify step, bonus included.
+Accept length (docs/metrics.md): committed tokens per verify step, bonus included.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Draft trees (REFERENCE §2): best-first construction from a block drafter's marginals,
+"""Draft trees (docs/ddtree.md): best-first construction from a block drafter's marginals,
 the tree attention mask, positions, the degenerate chain tree and K/V compaction indices.
 
 A tree of budget N has a fixed width N + 1: node 0 is the root (the last committed token,
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-ROOT_PARENT = -1
-PAD_PARENT = -2
+ROOT_PARENT = -1  # parent index of node 0, the root
+PAD_PARENT = -2   # parent index of a padding slot: never anyone's child
 
 
 @dataclass
@@ -51,6 +51,14 @@ class DraftTree:
     def width(self) -> int:
         """Verify width N + 1 (root included)."""
         return self.tokens.shape[1]
+
+    def to(self, device) -> "DraftTree":
+        """The same tree on `device` (no copy when it is there already)."""
+        if self.tokens.device == torch.device(device):
+            return self
+        move = lambda t: t.to(device)  # noqa: E731
+        return DraftTree(move(self.tokens), move(self.parents), move(self.depths), move(self.num_nodes),
+                         move(self.logprob), self.max_depth, self.is_chain)
 
 
 def build_tree(draft_logprobs: torch.Tensor, budget: int, topk: int | None = None,

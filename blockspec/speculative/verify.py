@@ -1,11 +1,11 @@
-"""Lossless verification of drafted tokens against the target distribution (REFERENCE §3).
+"""Lossless verification of drafted tokens against the target distribution (docs/verification.md).
 
 Tree walk: at the current node sample y ~ p (the filtered target distribution of the token
 that follows the node) by inverse CDF; if a child of the node carries token y, accept it and
 go on, otherwise commit y as the bonus and stop. Each child is accepted with probability
 p(child), and the bonus is a draw from p with the children removed, exactly as in the
-inverse-CDF-over-children rule of REFERENCE §3, so every committed token is an exact draw
-from the target. Greedy rows need no special case because their p is one-hot. A chain is a
+inverse-CDF-over-children rule (docs/verification.md), so every committed token is an exact
+draw from the target. Greedy rows need no special case because their p is one-hot. A chain is a
 tree whose nodes have one child each, so `verify_chain` only builds parents.
 
 `verify_chain_rejection` is classic speculative rejection sampling, for drafts that were
@@ -22,9 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from blockspec.sampling import sample_from_probs
-
-ROOT_PARENT = -1  # parent index of node 0
-PADDING_PARENT = -2  # parent index of padding nodes: never anyone's child
+from blockspec.speculative.tree import PAD_PARENT
 
 
 @dataclass
@@ -53,7 +51,8 @@ def verify_tree(
     target_probs [B, N+1, V]: filtered target distribution following each node (node 0 is the
         root, i.e. the last committed token).
     node_tokens [B, N+1] int64: each node's token (the root's is ignored).
-    parents [B, N+1] int64: parent index (< own index); -1 for the root, -2 for padding.
+    parents [B, N+1] int64: parent index (< own index); ROOT_PARENT (-1) for the root,
+        PAD_PARENT (-2) for padding.
     uniforms [B, D+1] float64: one uniform per depth; all D+1 are used whatever is accepted,
         and a walk that reaches depth D takes its bonus at the depth-D node with uniforms[:, D].
     If two siblings carry the same token, the first one is the one accepted.
@@ -98,7 +97,7 @@ def chain_parents(
     if num_drafts is None:
         return parents
     is_padding = positions.unsqueeze(0) > num_drafts.to(device).unsqueeze(1)
-    return torch.where(is_padding, PADDING_PARENT, parents)
+    return torch.where(is_padding, PAD_PARENT, parents)
 
 
 def verify_chain(

@@ -12,7 +12,7 @@ from pathlib import Path
 from blockspec.train.data import DEFAULT_HELD_OUT_FRACTION
 
 DEFAULT_TARGET_EPOCHS = 1.0
-DEFAULT_DRAFTER_EPOCHS = 6.0  # REFERENCE §1
+DEFAULT_DRAFTER_EPOCHS = 6.0  # the published recipe, docs/dflash.md
 
 
 def _add_common(parser: argparse.ArgumentParser, *, lr: float, batch_size: int, weight_decay: float) -> None:
@@ -106,9 +106,10 @@ def _check_common(args) -> None:
 
 
 def _settings_kwargs(args) -> dict:
-    from blockspec.train import parse_int_list, resolve_autocast_dtype, resolve_device
+    from blockspec.models.loader import parse_device
+    from blockspec.train.loop import parse_int_list, resolve_autocast_dtype
 
-    device = resolve_device(args.device)
+    device = parse_device(args.device)
     snapshots = parse_int_list(args.snapshot_steps, "--snapshot-steps")
     if any(s < 1 for s in snapshots):
         raise ValueError("--snapshot-steps must be positive")
@@ -126,7 +127,7 @@ def _epochs(args, default: float) -> float | None:
 
 
 def run_train_target(args) -> int:
-    from blockspec.train import check_out_dir
+    from blockspec.train.loop import check_out_dir
     from blockspec.train.target import TargetRun, TargetShape, count_parameters, train_target
 
     _check_common(args)
@@ -148,7 +149,7 @@ def run_train_target(args) -> int:
 
 
 def run_train_drafter(args) -> int:
-    from blockspec.train import check_out_dir, parse_int_list
+    from blockspec.train.loop import check_out_dir, parse_int_list
     from blockspec.train.drafter import DrafterRun, train_drafter
 
     _check_common(args)

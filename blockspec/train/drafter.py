@@ -1,4 +1,4 @@
-"""`train-drafter`: a DFlash drafter trained against a frozen target (REFERENCE §1 Training).
+"""`train-drafter`: a DFlash drafter trained against a frozen target (docs/dflash.md, Training).
 
 The trained module is `blockspec.models.dflash.DFlashDrafter` itself, so the weights written
 are exactly those the engine loads. Only the forward differs: instead of the engine's paged
@@ -26,13 +26,12 @@ from torch import nn
 from blockspec.attention.reference import masked_attention
 from blockspec.config import ModelConfig
 from blockspec.models.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids
-from blockspec.models.layers import apply_rope
-from blockspec.train import TrainSettings, batch_indices, resolve_total_steps, step_seed, train
+from blockspec.train.loop import TrainSettings, batch_indices, resolve_total_steps, step_seed, train
 from blockspec.train import data as D
 from blockspec.train.masks import (block_input_ids, block_positions, block_targets, sample_anchors,
                                    training_attention_mask)
 
-# Loss decay γ of REFERENCE §1 at the block sizes it names; others are interpolated linearly.
+# Loss decay γ at the block sizes the published recipe names (docs/dflash.md); others are interpolated.
 GAMMA_BY_BLOCK_SIZE = ((8, 4.0), (10, 5.0), (16, 7.0))
 DEFAULT_MAX_ANCHORS = 512
 INIT_STD = 0.02
@@ -191,17 +190,14 @@ def dense_block_hidden(drafter: DFlashDrafter, context_features: torch.Tensor, b
     cos, sin = drafter.rotary(block_pos, x.dtype)
     mask = visible[:, None]
     for layer in drafter.layers:
-        attn = layer.self_attn
-        h = layer.input_layernorm(x)
-        q = attn.q_norm(attn.q_proj(h).view(*h.shape[:2], attn.num_heads, attn.head_dim))
-        q = apply_rope(q, cos, sin)
-        ctx_k, ctx_v = attn.project_kv(ctx, ctx_cos, ctx_sin)
-        blk_k, blk_v = attn.project_kv(h, cos, sin)
-        keys = torch.cat([ctx_k, blk_k.to(ctx_k.dtype)], dim=1)
-        values = torch.cat([ctx_v, blk_v.to(ctx_v.dtype)], dim=1)
-        out = masked_attention(q, keys, values, mask, attn.scale)
-        x = x + attn.o_proj(out.reshape(*h.shape[:2], -1))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        ctx_k, ctx_v = layer.self_attn.project_kv(ctx, ctx_cos, ctx_sin)
+
+        def attend(q, blk_k, blk_v, ctx_k=ctx_k, ctx_v=ctx_v, scale=layer.self_attn.scale):
+            keys = torch.cat([ctx_k, blk_k.to(ctx_k.dtype)], dim=1)
+            values = torch.cat([ctx_v, blk_v.to(ctx_v.dtype)], dim=1)
+            return masked_attention(q, keys, values, mask, scale)
+
+        x = layer(x, cos, sin, attend)
     return drafter.norm(x)
 
 

@@ -1,4 +1,4 @@
-"""Where DFlash training blocks sit and what each of their tokens may see (REFERENCE §1 Training).
+"""Where DFlash training blocks sit and what each of their tokens may see (docs/dflash.md, Training).
 
 One training sequence of length T carries N blocks of B tokens. Block n starts at anchor
 a_n: its tokens are [token a_n, MASK × (B−1)] at positions a_n … a_n+B−1, and its position

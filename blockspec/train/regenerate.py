@@ -1,8 +1,8 @@
 """Regenerate chat responses with the target itself, as drafter training data.
 
 A drafter learns to predict *the target*, so training on the target's own replies to the
-training prompts (REFERENCE §1: "training on target-regenerated responses helps") matches
-what it will be asked to draft. Held-out conversations are never used.
+training prompts matches what it will be asked to draft (docs/dflash.md, Training).
+Held-out conversations are never used.
 
 python -m blockspec.train.regenerate --target DIR --out FILE.jsonl [--data sharegpt
     --prompts first|all --num 8000 --temperatures 0,1 --batch 512 --max-new-tokens 256

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from blockspec.train import TrainSettings, batch_indices, train
+from blockspec.train.loop import TrainSettings, batch_indices, train
 from blockspec.train import data as D
 from blockspec.train import tokenizer_train as TT
 
@@ -184,7 +184,7 @@ def tokenized_windows(hf_tokenizer, items, max_len: int, loss_on: str, progress:
 
 def train_target(run: TargetRun):
     """Train and write the target into run.out_dir; returns (TrainResult, model)."""
-    from blockspec.train import resolve_total_steps
+    from blockspec.train.loop import resolve_total_steps
 
     if run.loss_on not in LOSS_MODES:
         raise ValueError(f"--loss-on must be one of {', '.join(LOSS_MODES)}, got {run.loss_on!r}")

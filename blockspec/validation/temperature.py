@@ -1,7 +1,7 @@
 """`blockspec check temperature`: does a server really sample at temperature > 0?
 
 A known failure of speculative engines is verification that silently falls back to greedy,
-or ignores seeds, on the speculative path (REFERENCE §3). From outside the target's
+or ignores seeds, on the speculative path (docs/verification.md). From outside the target's
 distribution is unknown, so the checks only use what must hold for any model:
 
 - every request succeeds;

@@ -55,7 +55,7 @@ def run_cli(argv: list[str]) -> int:
     """`blockspec ARGV` through `register`, as the main CLI wires it; returns the exit code."""
     import argparse
 
-    from blockspec.bench.cli import register
+    from blockspec.cli.bench import register
     parser = argparse.ArgumentParser(prog="blockspec")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-import blockspec.engine.runner as runner_module
+import blockspec.speculative.step as step_module
 from blockspec.sampling import SamplingParams
 from blockspec.speculative.verify import verify_tree
 from blockspec.validation.check_lossless import LosslessCheckConfig, settings_from_lists
@@ -57,7 +57,7 @@ def over_accepting_verify_tree(target_probs, node_tokens, parents, uniforms):
 
 
 def test_a_lossy_verifier_fails(tiny_vocab_dir, drafter, tmp_path, monkeypatch):
-    monkeypatch.setattr(runner_module, "verify_tree", over_accepting_verify_tree)
+    monkeypatch.setattr(step_module, "verify_tree", over_accepting_verify_tree)
     code, report = run_check(tiny_vocab_dir, drafter, tmp_path, "--num-samples", "4000", "--num-tokens", "2",
                              "--temperature", "1.0")
     assert code == 1

@@ -162,7 +162,8 @@ class PartialOracle(Proposer):
         self.max_depth = self.max_nodes = num_draft
 
 
-    def propose(self, seqs, roots, uniforms=None):
+    def propose(self, seqs, inputs):
+        roots = inputs.roots
         rows = []
         for s in seqs:
             key = tuple(s.prompt_ids)

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from blockspec.engine.outputs import SpecMetrics, StepOutput
 from blockspec.sampling import SamplingParams
 from blockspec.server.async_engine import AsyncEngine
-from blockspec.server.logging import StatsLogger, format_stats_line
+from blockspec.server.stats_log import StatsLogger, format_stats_line
 from blockspec.server.metrics import ServerMetrics
 from live import live_server
 from fake_engine import FakeEngine, FakeStats

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from blockspec.train import (TrainSettings, calibrate_total_steps, read_log, resolve_total_steps, train)
+from blockspec.train.loop import (TrainSettings, calibrate_total_steps, read_log, resolve_total_steps, train)
 
 SLEEP_S = 0.04
 

@@ -1,4 +1,4 @@
-"""Block layout of DFlash training against loop references written from REFERENCE §1's rule."""
+"""Block layout of DFlash training against loop references written from the rule in docs/dflash.md (Training)."""
 
 import math
 

@@ -1,5 +1,6 @@
-"""`blockspec` command line: generate, serve (and more as they land).
+"""`blockspec` command line: generate, serve, train-*, bench, check.
 
+Every command that builds an engine takes the same engine flags (`blockspec.engine_args`).
 Bad arguments print a message and exit with code 2.
 """
 
@@ -9,29 +10,11 @@ import argparse
 import json
 import sys
 
+from blockspec.engine_args import add_engine_arguments, engine_config_from_args
+
 
 class UsageError(Exception):
     """A problem with what the user asked for: reported as a message, exit code 2."""
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def add_model_arguments(p: argparse.ArgumentParser, model_required: bool) -> None:
-    p.add_argument("--model", required=model_required, help="model directory (Hugging Face format)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--draft-model", default=None, help="drafter directory (DFlash, z-lab format)")
-    p.add_argument("--spec", default=None, choices=["none", "ngram", "dflash", "ddtree"])
-    p.add_argument("--block-size", type=_positive_int, default=None)
-    p.add_argument("--budget", type=_positive_int, default=None, help="DDTree node budget")
-    p.add_argument("--topk", type=_positive_int, default=None, help="DDTree top-k per depth")
-    p.add_argument("--spec-verify", default="target-only", choices=["target-only", "rejection"],
-                   help="rejection: drafts sampled from the drafter's q, rejection-sampled")
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,7 +23,7 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (the engine's: --engine-seed)")
     p.add_argument("--ignore-eos", action="store_true")
 
 
@@ -57,9 +40,7 @@ def sampling_params_from_args(args):
 def build_llm(args):
     from blockspec.llm import LLM
     try:
-        return LLM(model=args.model, dtype=args.dtype, device=args.device, draft_model=args.draft_model,
-                   spec=args.spec, block_size=args.block_size, budget=args.budget, topk=args.topk,
-                   spec_verify=args.spec_verify)
+        return LLM.from_config(engine_config_from_args(args))
     except (ValueError, FileNotFoundError) as e:
         raise UsageError(str(e)) from e
 
@@ -89,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate a completion for one prompt")
-    add_model_arguments(gen, model_required=False)
+    add_engine_arguments(gen)
     gen.add_argument("--prompt", required=True)
     add_sampling_arguments(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object")
@@ -109,27 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_drafter_arguments(td)
     td.set_defaults(func=run_train_drafter)
 
-    from blockspec.bench.cli import register
+    from blockspec.cli.bench import register
     register(sub)
     return parser
 
 
 def cmd_serve(args) -> int:
-    from blockspec.server.cli import run_serve
-
-    def build_engine(a):
-        from blockspec.engine.config import EngineConfig
-        from blockspec.engine.engine import Engine
-        if a.model is None:
-            from blockspec.bundled import default_model
-            model, draft, spec = default_model(a.draft_model, a.spec)
-        else:
-            model, draft, spec = a.model, a.draft_model, a.spec
-        names = {"max_running_requests": "max_running_requests", "kv_cache_tokens": "kv_cache_tokens",
-                 "budget": "tree_budget", "topk": "tree_topk", "max_model_len": "max_model_len"}
-        kwargs = {field: getattr(a, arg) for arg, field in names.items() if getattr(a, arg, None) is not None}
-        return Engine(EngineConfig(model=model, dtype=a.dtype, device=a.device, spec=spec or "none",
-                                   draft_model=draft, block_size=a.block_size, **kwargs))
+    from blockspec.server.cli import build_engine, run_serve
     try:
         return run_serve(args, build_engine) or 0
     except (ValueError, FileNotFoundError) as e:

@@ -16,9 +16,7 @@ import time
 from pathlib import Path
 
 from blockspec.bench.datasets import DATASETS
-
-SPEC_CHOICES = ("none", "ngram", "dflash", "ddtree")
-DTYPE_CHOICES = ("float32", "bfloat16", "float16")
+from blockspec.engine_args import add_engine_arguments, engine_settings_from_args
 
 
 # ---- list arguments --------------------------------------------------------------------------
@@ -72,15 +70,9 @@ def register(subparsers) -> None:
     _add_lossless(check_sub.add_parser("lossless", help="chi-square test: speculative = target's law"))
 
 
-def _add_engine_arguments(p: argparse.ArgumentParser, spec_default: str) -> None:
-    p.add_argument("--model", required=True, help="target model directory")
-    p.add_argument("--draft-model", default=None, help="drafter directory (DFlash)")
-    p.add_argument("--spec", default=spec_default, choices=SPEC_CHOICES)
-    p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--budget", type=int, default=None, help="DDTree node budget")
-    p.add_argument("--topk", type=int, default=None, help="DDTree top-k per depth")
-    p.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES)
-    p.add_argument("--device", default="cpu")
+def _add_tool_engine_arguments(p: argparse.ArgumentParser, **defaults) -> None:
+    """The shared engine flags, for a tool that measures a given speculative method (dflash unless told)."""
+    add_engine_arguments(p, model_required=True, spec_default="dflash", **defaults)
 
 
 def _add_serve(p: argparse.ArgumentParser) -> None:
@@ -105,7 +97,7 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
 
 
 def _add_offline(p: argparse.ArgumentParser) -> None:
-    _add_engine_arguments(p, spec_default="dflash")
+    _add_tool_engine_arguments(p)
     p.add_argument("--dataset", default="sharegpt,humaneval,random", help="comma-separated datasets")
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--random-input-len", type=int, default=128)
@@ -139,9 +131,12 @@ def _add_temperature(p: argparse.ArgumentParser) -> None:
 
 
 def _add_lossless(p: argparse.ArgumentParser) -> None:
-    from blockspec.validation.check_lossless import DEFAULT_PROMPT
-    _add_engine_arguments(p, spec_default="dflash")
-    p.add_argument("--verify", default="target-only", choices=("target-only", "rejection"))
+    from blockspec.engine.config import SPEC_VERIFY_RULES
+    from blockspec.validation.check_lossless import DEFAULT_PROMPT, LosslessCheckConfig
+    # the cap of requests in flight: the check runs thousands of short ones
+    _add_tool_engine_arguments(p, max_running_requests_default=LosslessCheckConfig.max_running_requests)
+    p.add_argument("--verify", dest="spec_verify", choices=SPEC_VERIFY_RULES, default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)  # the old name of --spec-verify
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--prompt-ids", default=None, help="comma-separated token ids (instead of --prompt)")
     p.add_argument("--num-tokens", type=int, default=3)
@@ -154,7 +149,6 @@ def _add_lossless(p: argparse.ArgumentParser) -> None:
     p.add_argument("--control-factor", type=float, default=1.1,
                    help="negative control: the reference at this multiple of the temperature")
     p.add_argument("--mode", default="auto", choices=("auto", "exact", "two-sample"))
-    p.add_argument("--max-running-requests", type=int, default=1024)
     p.add_argument("--output", default=None, help="JSON results file")
     p.set_defaults(func=cmd_check_lossless)
 
@@ -199,11 +193,10 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
 def cmd_bench_offline(args: argparse.Namespace) -> int:
     from blockspec.bench.offline import OfflineBenchConfig, format_records, run_offline_bench
     config = OfflineBenchConfig(
-        model=args.model, draft_model=args.draft_model, spec=args.spec, block_size=args.block_size,
-        budget=args.budget, topk=args.topk, datasets=_datasets(args.dataset), num_prompts=args.num_prompts,
-        temperatures=_temperatures(args.temperature, "--temperature"), batch_size=args.batch_size,
-        max_tokens=args.max_tokens, seed=args.seed, ignore_eos=args.ignore_eos, dtype=args.dtype,
-        device=args.device, random_input_len=args.random_input_len, random_output_len=args.random_output_len,
+        **OfflineBenchConfig.engine_kwargs(engine_settings_from_args(args)), datasets=_datasets(args.dataset),
+        num_prompts=args.num_prompts, temperatures=_temperatures(args.temperature, "--temperature"),
+        batch_size=args.batch_size, max_tokens=args.max_tokens, seed=args.seed, ignore_eos=args.ignore_eos,
+        random_input_len=args.random_input_len, random_output_len=args.random_output_len,
         progress=not args.no_progress)
     document = {"command": shlex.join(sys.argv), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 **run_offline_bench(config)}
@@ -229,10 +222,12 @@ def cmd_check_lossless(args: argparse.Namespace) -> int:
     settings = settings_from_lists(parse_list(args.temperature, float, "--temperature"),
                                    parse_list(args.top_p, float, "--top-p"), parse_list(args.top_k, int, "--top-k"),
                                    parse_list(args.min_p, float, "--min-p"))
+    engine = engine_settings_from_args(args)
+    # the check sizes its engines from these two itself: the verify rule and the cap of requests in flight
+    verify, max_running_requests = engine.pop("spec_verify"), engine.pop("max_running_requests")
     config = LosslessCheckConfig(
-        model=args.model, draft_model=args.draft_model, spec=args.spec, block_size=args.block_size,
-        budget=args.budget, topk=args.topk, verify=args.verify, prompt=args.prompt,
-        prompt_ids=parse_list(args.prompt_ids, int, "--prompt-ids"), num_tokens=args.num_tokens,
+        **LosslessCheckConfig.engine_kwargs(engine), verify=verify, max_running_requests=max_running_requests,
+        prompt=args.prompt, prompt_ids=parse_list(args.prompt_ids, int, "--prompt-ids"), num_tokens=args.num_tokens,
         num_samples=args.num_samples, settings=settings, alpha=args.alpha, control_factor=args.control_factor,
-        mode=args.mode, dtype=args.dtype, device=args.device, max_running_requests=args.max_running_requests)
+        mode=args.mode)
     return run_lossless_check(config, args.output)

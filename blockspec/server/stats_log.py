@@ -1,4 +1,4 @@
-"""The periodic "Decode batch" log line (SGLang's format, REFERENCE §4), an EngineObserver.
+"""The periodic "Decode batch" log line (SGLang's format, docs/metrics.md), an EngineObserver.
 
 A line is written every `interval` seconds while the engine is busy; a window starts with the
 first step after an idle period, so idle time never dilutes the throughput.

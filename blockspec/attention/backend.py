@@ -1,0 +1,62 @@
+"""The attention-backend interface: what a model layer calls instead of a kernel.
+
+A forward plans once (`plan`: the step's batch → whatever the backend precomputes, e.g. the
+reference's dense visibility mask) and then calls `forward` in every layer. Writing the new
+tokens' K/V into the paged cache is part of `forward`, so a backend may fuse it. Backends hold
+no per-step state, so one instance serves the target and the drafter, eager and graphed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from blockspec.attention.metadata import AttentionBatch
+from blockspec.kv.cache import KVCache
+
+
+@dataclass
+class AttentionPlan:
+    """One forward's planned attention: the batch, one layer variant's window/causality, and
+    backend-specific precomputation (`extra`)."""
+
+    batch: AttentionBatch
+    sliding_window: int | None = None
+    causal: bool = False            # force causal inside a "full" block (DFlash causal layers)
+    positions: torch.Tensor | None = None
+    extra: object = None
+
+
+class AttentionBackend:
+    """plan(batch, cache, ...) once per forward and per mask variant; forward(...) per layer."""
+
+    name = "abstract"
+
+    def plan(self, batch: AttentionBatch, cache: KVCache, sliding_window: int | None = None,
+             causal: bool = False, positions: torch.Tensor | None = None) -> AttentionPlan:
+        raise NotImplementedError
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,
+                plan: AttentionPlan, scale: float) -> torch.Tensor:
+        """q `[B, Q, Hq, D]`, new k/v `[B, Q, Hkv, D]` → out `[B, Q, Hq, D]`; writes k/v to the cache."""
+        raise NotImplementedError
+
+
+def select_backend(name: str, device: torch.device) -> AttentionBackend:
+    """"auto" is Triton on CUDA and the reference elsewhere; asking for Triton without CUDA (or
+    without triton installed) is refused, never silently replaced."""
+    from blockspec.attention.reference import ReferenceBackend
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "reference"
+    if name == "reference":
+        return ReferenceBackend()
+    if name == "triton":
+        if device.type != "cuda":
+            raise ValueError("attention_backend 'triton' needs a CUDA device (the CPU uses 'reference')")
+        try:
+            from blockspec.attention.triton_backend import TritonBackend
+        except ImportError as e:
+            raise ValueError(f"attention_backend 'triton' is unavailable: {e}") from None
+        return TritonBackend()
+    raise ValueError(f"unknown attention backend {name!r}")

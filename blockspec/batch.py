@@ -1,0 +1,118 @@
+"""One step's device inputs, built once per step and shared by every room that needs them.
+
+The scheduler hands the engine a list of sequences; `decode_inputs` / `prefill_inputs` turn
+it into tensors with O(batch) host work: one page-table tensor, the per-row lengths, the
+roots, the sampling settings and the step's uniforms, each copied to the device once. Cache
+slots and positions are computed on the device from those (`StepInputs.slots`), so the target
+forward, the drafter and the verifier never rebuild them from Python lists.
+Sequences are read duck-typed (`tokens`, `num_cached`, `page_table.pages`, `params`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from blockspec.attention.metadata import AttentionBatch
+from blockspec.sampling import SamplingTensors
+
+
+@dataclass
+class StepInputs:
+    """Row b of the batch; all tensors on the step's device.
+
+    page_table  [B, P] int64  the row's pages, padded with page 0
+    prefix_lens [B]    int64  tokens of the row already cached when the step starts
+    new_lens    [B]    int64  tokens this step feeds per row (prefill chunk; 1 for decode)
+    input_ids   [B, Q] int64  prefill: the chunk's tokens; decode: the roots `[B, 1]`
+    sampling    per-row filters (SamplingTensors)
+    uniforms    [B, n] float64  this step's random numbers (layout: the speculative step's)
+    seqs        the scheduled sequences, host-side, for proposers that read token history
+    """
+
+    page_table: torch.Tensor
+    prefix_lens: torch.Tensor
+    new_lens: torch.Tensor
+    input_ids: torch.Tensor
+    sampling: SamplingTensors
+    uniforms: torch.Tensor
+    page_size: int
+    seqs: list
+
+    @property
+    def batch_size(self) -> int:
+        return self.prefix_lens.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.prefix_lens.device
+
+    @property
+    def roots(self) -> torch.Tensor:
+        """`[B]` decode roots: each row's last committed token (not cached yet)."""
+        return self.input_ids[:, 0]
+
+    def positions(self, width: int, offsets: torch.Tensor | None = None) -> torch.Tensor:
+        """`[B, width]` positions prefix_len + offset (offsets default to 0 … width − 1)."""
+        if offsets is None:
+            offsets = torch.arange(width, device=self.device)[None, :]
+        return self.prefix_lens[:, None] + offsets
+
+    def slots(self, width: int, counts: torch.Tensor | None = None) -> torch.Tensor:
+        """`[B, width]` cache slots of positions prefix_len … prefix_len + width − 1, computed on
+        the device; entries at or past `counts[b]` (default: all valid) point to slot 0."""
+        return slots_at(self.page_table, self.page_size, self.positions(width), counts)
+
+    def attention_batch(self, width: int, new_lens: torch.Tensor, mask_kind: str,
+                        new_mask: torch.Tensor | None = None, slot_counts: torch.Tensor | None = None
+                        ) -> AttentionBatch:
+        """Attention metadata of `width` new tokens per row after the cached prefix."""
+        return AttentionBatch(self.slots(width, slot_counts), self.page_table, self.prefix_lens, new_lens,
+                              new_mask, mask_kind)
+
+
+def slots_at(page_table: torch.Tensor, page_size: int, positions: torch.Tensor,
+             counts: torch.Tensor | None = None) -> torch.Tensor:
+    """Slot of each position through the page table; offsets ≥ counts[b] → slot 0 (page 0)."""
+    pages = page_table.gather(1, (positions // page_size).clamp(max=page_table.shape[1] - 1))
+    slots = pages * page_size + positions % page_size
+    if counts is None:
+        return slots
+    offsets = torch.arange(positions.shape[1], device=positions.device)[None, :]
+    return torch.where(offsets < counts[:, None], slots, 0)
+
+
+def page_table_tensor(seqs, device) -> torch.Tensor:
+    """`[B, P]` pages of every row, padded with 0, in one host→device copy."""
+    width = max(len(s.page_table.pages) for s in seqs) or 1
+    rows = [s.page_table.pages + [0] * (width - len(s.page_table.pages)) for s in seqs]
+    return _to_device(torch.tensor(rows, dtype=torch.long), device)
+
+
+def _to_device(host: torch.Tensor, device) -> torch.Tensor:
+    """One copy from pinned host memory (asynchronous on CUDA; a no-op on CPU)."""
+    if torch.device(device).type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def decode_inputs(seqs, uniforms: torch.Tensor, page_size: int, device) -> StepInputs:
+    """A decode/verify step: the roots at position num_cached of each row."""
+    host = torch.tensor([[s.num_cached, s.tokens[-1]] for s in seqs], dtype=torch.long)
+    dev = _to_device(host, device)
+    return StepInputs(page_table_tensor(seqs, device), dev[:, 0], torch.ones_like(dev[:, 0]), dev[:, 1:2],
+                      SamplingTensors.from_params([s.params for s in seqs], device),
+                      _to_device(uniforms, device), page_size, seqs)
+
+
+def prefill_inputs(seqs, chunk_lens: list[int], uniforms: torch.Tensor, page_size: int, device) -> StepInputs:
+    """A prefill step: row b caches tokens num_cached … num_cached + chunk_lens[b] − 1."""
+    width = max(chunk_lens)
+    ids = [s.tokens[s.num_cached:s.num_cached + n] + [0] * (width - n) for s, n in zip(seqs, chunk_lens)]
+    lens = torch.tensor([[s.num_cached, n] for s, n in zip(seqs, chunk_lens)], dtype=torch.long)
+    lens = _to_device(lens, device)
+    return StepInputs(page_table_tensor(seqs, device), lens[:, 0], lens[:, 1],
+                      _to_device(torch.tensor(ids, dtype=torch.long), device),
+                      SamplingTensors.from_params([s.params for s in seqs], device),
+                      _to_device(uniforms, device), page_size, seqs)

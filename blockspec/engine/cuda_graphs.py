@@ -1,0 +1,140 @@
+"""CUDA graphs for the verify step: capture once per batch bucket, replay with static buffers.
+
+What is captured is `SpeculativeStep.verify_accept` — target forward, filters, verification walk,
+K/V compaction, path features — at the method's fixed verify width. The host copies a step's
+inputs into the bucket's static buffers and replays; rows past the real batch are padding whose
+page table is zeroed, so they read and write only page 0 (never a live sequence's pages).
+A batch larger than the largest bucket runs eagerly, and the log says so.
+
+On a CPU device nothing is captured: `__call__` runs the function on the bucket's static
+buffers instead of replaying, which lets the CPU tests check the buffer handling (padding rows,
+stale page tables, slicing) that the graphs rely on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from blockspec.batch import StepInputs
+from blockspec.sampling import SamplingTensors
+from blockspec.speculative.tree import PAD_PARENT, ROOT_PARENT, DraftTree
+
+log = logging.getLogger("blockspec.cuda_graphs")
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+def batch_buckets(max_bs: int) -> list[int]:
+    """Captured batch sizes: the defaults up to `max_bs`, and `max_bs` itself."""
+    return sorted({b for b in DEFAULT_BUCKETS if b <= max_bs} | {max_bs})
+
+
+@dataclass
+class _Static:
+    """One bucket's input buffers, outputs and graph."""
+
+    inputs: StepInputs
+    tree: DraftTree
+    outputs: tuple | None = None
+    graph: torch.cuda.CUDAGraph | None = None
+
+
+class GraphedVerify:
+    """Callable like `verify_accept(inputs, tree)` for batches up to the largest bucket."""
+
+    def __init__(self, verify_accept, width: int, num_uniforms: int, max_pages: int, page_size: int,
+                 tree_shaped: bool, device: torch.device, max_bs: int):
+        """`verify_accept(inputs, tree) -> (VerifyResult, features | None)`; `tree_shaped`: the
+        proposer builds branching trees (tree mask and compaction are always captured)."""
+        self.fn = verify_accept
+        self.width, self.num_uniforms, self.max_pages = width, num_uniforms, max_pages
+        self.page_size, self.tree_shaped, self.device = page_size, tree_shaped, device
+        self.buckets = batch_buckets(max_bs)
+        self.static: dict[int, _Static] = {}
+        self.pool = None
+        self.capture_seconds = 0.0
+        self._warned: set[int] = set()
+
+    def _buffers(self, bs: int) -> _Static:
+        dev, W = self.device, self.width
+        sampling = SamplingTensors(torch.ones(bs, device=dev), torch.zeros(bs, dtype=torch.long, device=dev),
+                                   torch.ones(bs, device=dev), torch.zeros(bs, device=dev),
+                                   torch.ones(bs, dtype=torch.bool, device=dev))
+        tokens = torch.zeros(bs, W, dtype=torch.long, device=dev)
+        inputs = StepInputs(torch.zeros(bs, self.max_pages, dtype=torch.long, device=dev),
+                            torch.zeros(bs, dtype=torch.long, device=dev), torch.ones(bs, dtype=torch.long, device=dev),
+                            tokens[:, :1], sampling, torch.zeros(bs, self.num_uniforms, dtype=torch.float64, device=dev),
+                            self.page_size, [])
+        node = torch.arange(W, device=dev)
+        parents = torch.where(node == 0, ROOT_PARENT, PAD_PARENT).expand(bs, W).contiguous()
+        tree = DraftTree(tokens, parents, torch.zeros(bs, W, dtype=torch.long, device=dev),
+                         torch.zeros(bs, dtype=torch.long, device=dev), torch.zeros(bs, W, device=dev),
+                         max_depth=W - 1, is_chain=not self.tree_shaped)
+        return _Static(inputs, tree)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every bucket, largest first so smaller ones reuse its memory pool."""
+        start = time.perf_counter()
+        for bs in sorted(self.buckets, reverse=True):
+            st = self._buffers(bs)
+            if self.device.type != "cuda":
+                self.static[bs] = st
+                continue
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):              # warm-up: Triton compiles, cuBLAS picks kernels
+                    self.fn(st.inputs, st.tree)
+            torch.cuda.current_stream().wait_stream(stream)
+            st.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(st.graph, pool=self.pool):
+                st.outputs = self.fn(st.inputs, st.tree)
+            self.pool = st.graph.pool()
+            self.static[bs] = st
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.capture_seconds = time.perf_counter() - start
+        log.info("captured CUDA graphs for batch sizes %s at verify width %d in %.1f s",
+                 self.buckets, self.width, self.capture_seconds)
+
+    def can_run(self, batch_size: int) -> bool:
+        if batch_size <= self.buckets[-1]:
+            return True
+        if batch_size not in self._warned:
+            self._warned.add(batch_size)
+            log.warning("batch of %d exceeds the largest CUDA graph (%d): running eagerly",
+                        batch_size, self.buckets[-1])
+        return False
+
+    def bucket_for(self, batch_size: int) -> int:
+        return next(b for b in self.buckets if b >= batch_size)
+
+    @torch.inference_mode()
+    def __call__(self, inputs: StepInputs, tree: DraftTree):
+        B = inputs.batch_size
+        st = self.static[self.bucket_for(B)]
+        si, stree = st.inputs, st.tree
+        P = inputs.page_table.shape[1]
+        if P > self.max_pages:
+            raise ValueError(f"page table of {P} pages exceeds the captured {self.max_pages}")
+        si.page_table[:B, :P].copy_(inputs.page_table)
+        si.page_table[B:].zero_()               # padding rows touch page 0 only
+        si.prefix_lens[:B].copy_(inputs.prefix_lens)
+        si.prefix_lens[B:].zero_()
+        for name in ("temperature", "top_k", "top_p", "min_p", "greedy"):
+            getattr(si.sampling, name)[:B].copy_(getattr(inputs.sampling, name))
+        si.uniforms[:B].copy_(inputs.uniforms)
+        for name in ("tokens", "parents", "depths", "num_nodes"):
+            getattr(stree, name)[:B].copy_(getattr(tree, name))
+        if st.graph is not None:
+            st.graph.replay()
+        else:
+            st.outputs = self.fn(si, stree)
+        result, features = st.outputs
+        result = type(result)(**{k: v[:B] for k, v in vars(result).items()})
+        return result, None if features is None else features[:B]

@@ -1,0 +1,63 @@
+"""What every target family shares: embed → decoder layers → final norm, feature capture, logits.
+
+A family supplies its decoder layers; each layer is called as
+`layer(x, cos, sin, index, cache, plan)` and reaches attention only through `self.backend`
+(the engine's choice: reference on CPU, Triton on CUDA), never a kernel directly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from blockspec.attention.backend import AttentionBackend
+from blockspec.attention.metadata import AttentionBatch
+from blockspec.attention.reference import ReferenceBackend
+from blockspec.kv.cache import CacheSpec, KVCache
+
+
+class DecoderLM(nn.Module):
+    """Subclasses set `self.model` (with `embed_tokens`, `layers`, `norm`), `self.rotary`,
+    `self.lm_head`, and `self.config`; `backend` defaults to the reference."""
+
+    backend: AttentionBackend
+
+    def set_backend(self, backend: AttentionBackend) -> None:
+        self.backend = backend
+
+    @property
+    def cache_spec(self) -> CacheSpec:
+        raise NotImplementedError
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                batch: AttentionBatch, capture_layers: tuple[int, ...] = ()
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the decoder over new tokens `[B, Q]`, writing their K/V into the cache.
+
+        Returns the final-normed hidden states `[B, Q, H]` and, when `capture_layers` is given,
+        the outputs of those decoder layers concatenated on the feature axis `[B, Q, K·H]`
+        (layer id i = output of decoder layer i = transformers' hidden_states[i + 1]; for the
+        last layer that tuple holds the final-normed state, and so do we).
+        """
+        x = self.embed(input_ids)
+        cos, sin = self.rotary(positions, x.dtype)
+        plan = self.backend.plan(batch, cache)
+        captured = {}
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, i, cache, plan, self.backend)
+            if i in capture_layers:
+                captured[i] = x
+        normed = self.model.norm(x)
+        captured[len(self.model.layers) - 1] = normed
+        features = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
+        return normed, features
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+
+def default_backend() -> AttentionBackend:
+    return ReferenceBackend()

@@ -1,0 +1,366 @@
+"""The target-distribution filters (temperature -> top_k -> top_p -> min_p) without a full sort.
+
+`filtered_probs_sortfree` is what `blockspec.sampling.filtered_probs` runs. `filtered_probs_sorted`
+is the previous implementation (one stable descending sort of the whole vocabulary, float32
+masses in sorted order), kept as a reference, and `filtered_probs_sorted_exact` evaluates the
+sort-free definition below with a sort: it is the test oracle, bit-identical by construction.
+
+The definition (rows are [B, *, V] logits; row b's settings broadcast over the middle dims)
+----------------------------------------------------------------------------------------------
+* s = float32(logits) / temperature, exactly as before; -0.0 counts as +0.0. Tokens are ordered
+  by s descending, ties in vocabulary order (the order of a stable descending sort).
+* w = float32 exp(s - max s) (so the most likely token has w = 1) and the integer weight
+  W = floor(w * 2**S) with S = 62 - V.bit_length() (S = 44 for V = 151,936). Every sum of
+  weights below is an exact int64 sum: it cannot overflow (V * 2**S < 2**62) and, being exact,
+  does not depend on the summation order, the device or the algorithm.
+* top_k (0, -1 or >= V = off): keep the first k tokens of the order.
+* top_p (1 = off): among the top-k tokens, keep token j iff the weight of the top-k tokens
+  strictly before j is < top_p * (weight of all top-k tokens), compared exactly (top_p is taken
+  as the exact rational value of its float32; the bound is the integer T = ceil(top_p * Z) - 1).
+  This is "mass strictly before the token < top_p" of the old code with the float32 cumsum
+  replaced by exact arithmetic. The first token is always kept.
+* min_p: keep token j iff w_j >= min_p. The renormalised probability ratio p_j / p_max of the
+  old code equals w_j / w_max = w_j exactly in real arithmetic (the most likely token survives
+  top_k and top_p, and renormalising does not change ratios), so this is the same rule without
+  the float32 rounding of two softmaxes.
+* The result is the float32 softmax of s over the kept tokens (zeros elsewhere); greedy rows
+  are the one-hot of the first maximal s.
+
+How it differs from `filtered_probs_sorted` (the decision of this module, and why)
+--------------------------------------------------------------------------------
+The old code decided top_p with a float32 cumsum of float32 probabilities in sorted order and
+min_p with float32 renormalised probabilities. Those decisions depend on rounding that a
+sort-free algorithm cannot reproduce (it sums in another order), and at V ~ 150k the float32
+cumsum is itself far from the true mass: each of up to V additions rounds by up to 2**-25, and on
+CUDA (float32 scan) it is not even the same rounding as on CPU (float64 accumulator). So the
+definition was made exact instead: the keep set is a function of the float32 s and w alone, any
+correct implementation (this one, the sort-based oracle, another device) gives the same set
+bit for bit, and the old function is the same rule up to documented rounding:
+  - top_k: identical (both are pure comparisons; no rounding involved);
+  - top_p: the two can differ only for a token whose true preceding mass lies within the old
+    code's float32 error of top_p (a few 1e-7 relative on CPU, more for long float32 scans on
+    CUDA), or within V * 2**-S (< 1e-8 of the largest weight) from the weight truncation;
+  - min_p: only where w_j is within a few float32 ulps of min_p.
+The probabilities on the kept set agree to float32 rounding (the final softmax sums in
+vocabulary order instead of sorted order, a difference of an ulp or two).
+
+The algorithm
+-------------
+Both thresholds are found by selection over the order-preserving int32 key of s, never by
+sorting: t = the smallest key with (weight or count of tokens with key > t) <= limit. Top_k
+uses counts with limit k - 1, top_p integer weights with limit T. Tokens with key > t are kept;
+tokens with key == t (ties) are kept in vocabulary order while the exclusive cumsum of their
+count (top_k) or weight (top_p) allows. `method="radix"` selects with per-row histograms of
+the key's digits (two 16-bit levels for V >= 4096, four 8-bit levels below, built with int64
+scatter_add, which is exact and therefore deterministic), `method="bisect"` with 32 bisection
+steps of masked sums; they give identical results. Every tensor has a shape fixed by the input
+shape and every loop a fixed trip count: no .item(), no host synchronisation, no dependence
+of the work on the sampling settings (greedy rows cost what T = 0.6 / top_p = 0.95 rows cost),
+so the function can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover - import only for annotations (sampling imports this module)
+    from blockspec.sampling import SamplingTensors
+
+_INT32_MIN = -(2**31)
+_INT32_MAX = 2**31 - 1
+_NO_LIMIT = 2**62  # more than any total weight (V * 2**S < 2**62): "top_p off"
+
+
+def weight_scale_bits(vocab: int) -> int:
+    """S of the definition: integer weights are floor(w * 2**S), and V * 2**S < 2**62."""
+    return 62 - int(vocab).bit_length()
+
+
+# ---------------------------------------------------------------------------------------------
+# The previous, sort-based implementation (reference)
+
+
+def _per_row(values: torch.Tensor, ndim: int) -> torch.Tensor:
+    """Reshape a [B] tensor to [B, 1, ..., 1] so it broadcasts over a rank-`ndim` tensor."""
+    return values.view(values.shape[0], *([1] * (ndim - 1)))
+
+
+def _masked_softmax(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Softmax over the kept entries only (the others get probability 0)."""
+    return torch.softmax(logits.masked_fill(~keep, float("-inf")), dim=-1)
+
+
+def filtered_probs_sorted(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """The previous implementation, kept as a reference: logits [B, *, V] -> float32 [B, *, V].
+
+    Filters apply in the order temperature -> top_k -> top_p -> min_p, each followed by a
+    renormalisation (REFERENCE §3); row b's settings broadcast over the middle dims. Greedy
+    rows give the one-hot of the first maximal logit. Everything happens in one descending
+    sort (stable, so ties keep vocabulary order), with masks built in sorted order. The top_p
+    and min_p decisions use float32 masses, so they agree with the exact definition of this
+    module only up to float32 rounding (see the module docstring).
+    """
+    ndim = logits.dim()
+    temperature = _per_row(st.temperature, ndim)
+    top_k = _per_row(st.top_k, ndim)
+    top_p = _per_row(st.top_p, ndim)
+    min_p = _per_row(st.min_p, ndim)
+    greedy = _per_row(st.greedy, ndim)
+
+    scaled = logits.float() / temperature
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
+    rank = torch.arange(scaled.shape[-1], device=scaled.device)
+
+    keep = (top_k <= 0) | (rank < top_k)
+    probs = _masked_softmax(sorted_logits, keep)
+    # Mass strictly before each token; top_p = 1 must keep everything even if rounding
+    # makes the tail's preceding mass reach 1.
+    mass_before = probs.cumsum(dim=-1) - probs
+    keep = keep & ((top_p >= 1.0) | (mass_before < top_p))
+    probs = _masked_softmax(sorted_logits, keep)
+    keep = keep & (probs >= min_p * probs[..., :1])
+    probs = _masked_softmax(sorted_logits, keep)
+
+    filtered = torch.zeros_like(probs).scatter_(-1, order, probs)
+    one_hot = torch.zeros_like(probs).scatter_(-1, scaled.argmax(dim=-1, keepdim=True), 1.0)
+    return torch.where(greedy, one_hot, filtered)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pieces of the exact definition shared by the sort-free implementation and the sorted oracle
+
+
+def _rows(values: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Per-request values [B] -> per-row values [R, 1], R = prod(shape[:-1])."""
+    lead = shape[:-1]
+    return values.view(values.shape[0], *([1] * (len(lead) - 1))).expand(lead).reshape(-1, 1)
+
+
+def _scaled_rows(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """s = float32(logits) / temperature as [R, V] (the same division as the old code)."""
+    ndim = logits.dim()
+    return (logits.float() / _per_row(st.temperature, ndim)).reshape(-1, logits.shape[-1])
+
+
+def _order_key(s: torch.Tensor) -> torch.Tensor:
+    """Order-preserving int32 key of float32 s: key(a) < key(b) iff a < b, key(-0.0) = key(0.0).
+
+    Non-negative floats keep their bit pattern; a negative float with magnitude bits m maps to
+    -m (its bit pattern is INT32_MIN + m, so -m = INT32_MIN - bits). Keys lie in (-2**31, 2**31).
+    """
+    bits = s.view(torch.int32)
+    return torch.where(bits < 0, _INT32_MIN - bits, bits)
+
+
+def _weights(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w, W): float32 w = exp(s - max s) and int64 W = floor(w * 2**S), both [R, V]."""
+    w = torch.exp(s - s.amax(dim=-1, keepdim=True))
+    # w <= 1, so scaling by a power of two is exact in float32 and truncation is the floor.
+    return w, (w * float(2 ** weight_scale_bits(s.shape[-1]))).long()
+
+
+def _top_k_rows(top_k: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Effective k per row: 0 (off) and anything above V become V."""
+    return torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k)
+
+
+def _top_p_limit(top_p: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """T = the largest integer strictly below top_p * total, exactly; "no limit" for top_p >= 1.
+
+    top_p: float32 [R, 1] in (0, 1]; total: int64 [R, 1] in [1, 2**62). With top_p = m * 2**-e
+    (m < 2**24 an integer, read from the float's bits, denormals included), T is
+    floor((m * total - 1) / 2**e), computed in two 31-bit limbs so that nothing overflows.
+    """
+    bits = top_p.contiguous().view(torch.int32).long()
+    exponent = (bits >> 23) & 0xFF
+    fraction = bits & 0x7FFFFF
+    normal = exponent > 0
+    mantissa = torch.where(normal, fraction | 0x800000, fraction)
+    e = torch.where(normal, 150 - exponent, 149)
+    # m * total - 1 = high * 2**31 + low, 0 <= low < 2**31.
+    low = mantissa * (total & _INT32_MAX) - 1
+    high = mantissa * (total >> 31) + (low >> 31)
+    low = low & _INT32_MAX
+    shift_down = (e - 31).clamp(0, 63)
+    shift_up = (31 - e).clamp(0, 63)
+    limit = torch.where(
+        e >= 31,
+        high >> shift_down,
+        (high << shift_up) + (low >> e.clamp(0, 63)),
+    )
+    return torch.where(top_p >= 1.0, _NO_LIMIT, limit)
+
+
+def _finish(s: torch.Tensor, keep: torch.Tensor, greedy: torch.Tensor, shape) -> torch.Tensor:
+    """Softmax of s over the kept tokens; greedy rows one-hot at the first maximum."""
+    probs = _masked_softmax(s, keep)
+    one_hot = torch.zeros_like(probs).scatter_(-1, s.argmax(dim=-1, keepdim=True), 1.0)
+    return torch.where(greedy, one_hot, probs).reshape(shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Selection: t = min{t : sum of values over tokens with key > t <= limit}
+
+
+def _select_bisect(key: torch.Tensor, values: torch.Tensor | None, limit: torch.Tensor):
+    """Selection by 32 bisection steps over the int32 key space; returns (t, mass above t).
+
+    values None means a count of 1 per token. key int32 [R, V], values int64 [R, V],
+    limit int64 [R, 1] >= 0; t and the mass are int64 [R, 1].
+    """
+    lo = torch.full_like(limit, _INT32_MIN)
+    hi = torch.full_like(limit, _INT32_MAX)  # mass above INT32_MAX is 0 <= limit
+    above_hi = torch.zeros_like(limit)
+    for _ in range(32):  # the interval [lo, hi] has 2**32 keys: 32 halvings leave one
+        mid = (lo + hi) >> 1
+        above_mid = key > mid
+        if values is None:
+            above = above_mid.sum(dim=-1, keepdim=True)
+        else:
+            above = torch.where(above_mid, values, 0).sum(dim=-1, keepdim=True)
+        ok = above <= limit
+        hi = torch.where(ok, mid, hi)
+        above_hi = torch.where(ok, above, above_hi)
+        lo = torch.where(ok, lo, mid + 1)
+    return hi, above_hi
+
+
+class _RadixDigits:
+    """The key's digits, most significant first, for histogram selection (computed once per call).
+
+    With u = key + 2**31 in [0, 2**32): digit l = (u >> shift_l) & (2**bits - 1), and
+    `prefix[l]` = u >> (shift_l + bits), the digits above level l that a token must share with
+    the selected bucket to take part in level l.
+    """
+
+    def __init__(self, key: torch.Tensor, bits: int):
+        self.bits = bits
+        self.levels = 32 // bits
+        u = key.long() + 2**31
+        shifts = [32 - bits * (level + 1) for level in range(self.levels)]
+        self.digits = [(u >> shift) & (2**bits - 1) for shift in shifts]
+        # Level l's prefix is the number formed by digits 0..l-1; with two levels it is digit 0.
+        self.prefix = [None] + [
+            self.digits[0] if level == 1 else u >> (shift + bits)
+            for level, shift in enumerate(shifts)
+            if level >= 1
+        ]
+
+    def histogram(self, level: int, src: torch.Tensor) -> torch.Tensor:
+        """Per-row sums of src by digit at `level`: int64 [R, 2**bits] (exact integer adds)."""
+        rows = self.digits[level].shape[0]
+        hist = torch.zeros(rows, 2**self.bits, dtype=torch.int64, device=src.device)
+        return hist.scatter_add_(-1, self.digits[level], src)
+
+    def select(self, values: torch.Tensor, first_histogram: torch.Tensor, limit: torch.Tensor):
+        """Selection by histograms, level by level; returns (t as an int32 key value, mass above t).
+
+        values: int64 [R, V] (for counts, an expanded 1); first_histogram: self.histogram(0, values).
+        Invariant: the bucket chosen at each level contains t, and `above` is the mass of the
+        tokens above that bucket's key range (so `above` <= limit).
+        """
+        above = torch.zeros_like(limit)
+        prefix = torch.zeros_like(limit)
+        for level in range(self.levels):
+            if level == 0:
+                hist = first_histogram
+            else:
+                inside = self.prefix[level] == prefix
+                hist = self.histogram(level, torch.where(inside, values, 0))
+            cumulative = hist.cumsum(dim=-1)
+            # Mass of the tokens above each bucket's key range, non-increasing in the bucket.
+            above_bucket = above + (cumulative[:, -1:] - cumulative)
+            bucket = (above_bucket > limit).sum(dim=-1, keepdim=True)  # first with <= limit
+            above = above_bucket.gather(-1, bucket)
+            prefix = (prefix << self.bits) + bucket
+        return prefix - 2**31, above
+
+
+# ---------------------------------------------------------------------------------------------
+# The implementations of the exact definition
+
+
+def _keep_mask_sortfree(
+    s: torch.Tensor, top_k, top_p, min_p, method: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kept tokens of [R, V] scaled logits, by selection; settings are [R, 1]."""
+    vocab = s.shape[-1]
+    key = _order_key(s)
+    w, weight = _weights(s)
+    k = _top_k_rows(top_k, vocab)
+    if method == "auto":
+        method = "radix"
+    if method == "radix":
+        digits = _RadixDigits(key, 16 if vocab >= 4096 else 8)
+        ones = torch.ones(1, 1, dtype=torch.int64, device=s.device).expand_as(weight)
+        count_hist, weight_hist = digits.histogram(0, ones), digits.histogram(0, weight)
+
+        def select(values, first_histogram, limit):
+            return digits.select(values, first_histogram, limit)
+
+    elif method == "bisect":
+        ones = count_hist = weight_hist = None
+
+        def select(values, first_histogram, limit):
+            return _select_bisect(key, values, limit)
+
+    else:
+        raise ValueError(f"unknown selection method {method!r}")
+
+    # top_k: the k-th key; ties there kept in vocabulary order up to k tokens in all.
+    t_k, n_above = select(ones, count_hist, k - 1)
+    tie = key == t_k
+    tie_rank = tie.cumsum(dim=-1, dtype=torch.int32) - tie.int()
+    keep = (key > t_k) | (tie & (tie_rank < k - n_above))
+
+    # top_p on the top-k tokens: the first token whose preceding weight exceeds T goes.
+    limit = _top_p_limit(top_p, torch.where(keep, weight, 0).sum(dim=-1, keepdim=True))
+    t_p, weight_above = select(weight, weight_hist, limit)
+    tie = key == t_p
+    tie_weight = torch.where(tie, weight, 0)
+    before = weight_above + (tie_weight.cumsum(dim=-1) - tie_weight)
+    keep &= (key > t_p) | (tie & (before <= limit))
+
+    keep &= w >= min_p
+    return keep
+
+
+def filtered_probs_sortfree(
+    logits: torch.Tensor, st: SamplingTensors, *, method: str = "auto"
+) -> torch.Tensor:
+    """The target distribution without sorting: logits [B, *, V] -> float32 probabilities.
+
+    Implements the exact definition of the module docstring (same result as
+    `filtered_probs_sorted_exact`, bit for bit); `method` is "radix" (histograms; "auto") or
+    "bisect" (32 bisection steps), which agree exactly. Fixed shapes, no host synchronisation.
+    """
+    shape = logits.shape
+    s = _scaled_rows(logits, st)
+    keep = _keep_mask_sortfree(
+        s, _rows(st.top_k, shape), _rows(st.top_p, shape), _rows(st.min_p, shape), method
+    )
+    return _finish(s, keep, _rows(st.greedy, shape), shape)
+
+
+def filtered_probs_sorted_exact(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """The exact definition evaluated the direct way, with a stable descending sort (test oracle).
+
+    Same s, w, W and final softmax as `filtered_probs_sortfree`; the keep decisions are made in
+    sorted order with an exact int64 cumsum, so the two must agree bit for bit.
+    """
+    shape = logits.shape
+    vocab = shape[-1]
+    s = _scaled_rows(logits, st)
+    w, weight = _weights(s)
+    top_k, top_p, min_p = (_rows(x, shape) for x in (st.top_k, st.top_p, st.min_p))
+    order = torch.sort(s + 0.0, dim=-1, descending=True, stable=True).indices  # -0.0 == 0.0
+    rank = torch.arange(vocab, device=s.device)
+    keep = rank < _top_k_rows(top_k, vocab)
+    sorted_weight = torch.where(keep, weight.gather(-1, order), 0)
+    before = sorted_weight.cumsum(dim=-1) - sorted_weight
+    limit = _top_p_limit(top_p, sorted_weight.sum(dim=-1, keepdim=True))
+    keep &= before <= limit
+    keep = torch.zeros_like(keep).scatter_(-1, order, keep) & (w >= min_p)
+    return _finish(s, keep, _rows(st.greedy, shape), shape)

@@ -1,0 +1,106 @@
+"""One decode step: draft → verify → accept. This file owns the step's uniforms layout.
+
+Without a proposer the step is plain decoding: a tree of just the root, verified by the same
+walk (one uniform). The target forward is the runner's; this room only decides what to feed it
+and what to keep. The single host synchronisation of a step is `StepResult.from_device`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from blockspec.batch import StepInputs
+from blockspec.sampling import filtered_probs
+from blockspec.speculative.tree import DraftTree, accepted_kv_indices, chain_tree
+from blockspec.speculative.verify import VerifyResult, verify_chain_rejection, verify_tree
+
+
+class TargetForward(Protocol):
+    """What the step needs of the engine's model runner."""
+
+    def verify(self, inputs: StepInputs, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def compact(self, inputs: StepInputs, width: int, src: torch.Tensor, keep: torch.Tensor) -> None: ...
+
+
+@dataclass
+class StepResult:
+    """Per row: committed tokens, how many were accepted drafts, and how many were drafted."""
+
+    committed: list[list[int]]
+    accepted: list[int]
+    drafted: list[int]
+
+    @classmethod
+    def from_device(cls, result: VerifyResult, num_nodes: torch.Tensor) -> "StepResult":
+        """One device→host copy for the whole step."""
+        packed = torch.cat([result.accept_len[:, None], num_nodes[:, None].to(result.committed.dtype),
+                            result.committed], dim=1).tolist()
+        accepted = [row[0] for row in packed]
+        return cls([row[2:2 + a + 1] for row, a in zip(packed, accepted)], accepted, [row[1] for row in packed])
+
+
+class SpeculativeStep:
+    """Drives a proposer (or none) and the verifier for decode steps."""
+
+    def __init__(self, proposer, spec_verify: str = "target-only"):
+        self.proposer = proposer
+        self.rejection = spec_verify == "rejection"
+
+    @property
+    def uniforms_per_row(self) -> int:
+        """Every request draws this many uniforms per step, whatever is accepted, so a seeded
+        request's stream does not depend on acceptance. Target-only verification uses one per
+        depth (L + 1); rejection sampling [draft L | accept L | residual L + 1]."""
+        depth = self.proposer.max_depth if self.proposer else 0
+        return 3 * depth + 1 if self.rejection else depth + 1
+
+    def draft(self, inputs: StepInputs) -> tuple[DraftTree, torch.Tensor | None]:
+        if self.proposer is None:
+            empty = torch.zeros(inputs.batch_size, 0, dtype=torch.long, device=inputs.device)
+            return chain_tree(empty, inputs.roots), None
+        return self.proposer.propose(inputs.seqs, inputs)
+
+    def run(self, runner: TargetForward, inputs: StepInputs, graphed=None) -> StepResult:
+        """`graphed(inputs, tree)`, when given and able to take this batch, replays a captured
+        `verify_accept` (CUDA graphs); it must return exactly what `verify_accept` would."""
+        tree, draft_probs = self.draft(inputs)
+        tree = tree.to(inputs.device)
+        if graphed is not None and draft_probs is None and graphed.can_run(inputs.batch_size):
+            result, path_features = graphed(inputs, tree)
+        else:
+            result, path_features = self.verify_accept(runner, inputs, tree, draft_probs)
+        if self.proposer is not None and path_features is not None:
+            self.proposer.on_verify(inputs, result.accept_len, path_features)
+        return StepResult.from_device(result, tree.num_nodes)
+
+    def verify_accept(self, runner: TargetForward, inputs: StepInputs, tree: DraftTree,
+                      draft_probs: torch.Tensor | None = None) -> tuple[VerifyResult, torch.Tensor | None]:
+        """Target forward over the tree, verification, K/V compaction of the accepted path.
+        Pure device work, no host sync: the part of a step a CUDA graph captures. Returns the
+        result and the accepted path's target features `[B, D+1, F]` (None without capture)."""
+        logits, features = runner.verify(inputs, tree)
+        probs = filtered_probs(logits, inputs.sampling)
+        result = self.verify(probs, tree, draft_probs, inputs.uniforms)
+        src, keep = accepted_kv_indices(result.path, result.accept_len)
+        # Any row that branches may accept a path with gaps. (A batch's deepest row being a full
+        # chain says nothing about the other rows: each row is checked when the tree is built.)
+        if not tree.is_chain:
+            runner.compact(inputs, tree.width, src, keep)
+        path_features = None
+        if features is not None:
+            idx = src.clamp(min=0)[:, :, None].expand(-1, -1, features.shape[-1])
+            path_features = features.gather(1, idx)
+        return result, path_features
+
+    def verify(self, probs: torch.Tensor, tree: DraftTree, draft_probs: torch.Tensor | None,
+               uniforms: torch.Tensor) -> VerifyResult:
+        """Target-only tree walk, or rejection sampling of a chain sampled from q (docs/verification.md)."""
+        if draft_probs is None:
+            return verify_tree(probs, tree.tokens, tree.parents, uniforms)
+        L = tree.width - 1
+        return verify_chain_rejection(probs, draft_probs, tree.tokens[:, 1:], uniforms[:, L:2 * L],
+                                      uniforms[:, 2 * L:3 * L + 1])

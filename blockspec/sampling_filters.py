@@ -51,7 +51,7 @@ sorting: t = the smallest key with (weight or count of tokens with key > t) <= l
 uses counts with limit k - 1, top_p integer weights with limit T. Tokens with key > t are kept;
 tokens with key == t (ties) are kept in vocabulary order while the exclusive cumsum of their
 count (top_k) or weight (top_p) allows. `method="radix"` selects with per-row histograms of
-the key's digits (two 16-bit levels for V >= 4096, four 8-bit levels below, built with int64
+the key's digits (two 16-bit levels for V >= 2**15, fewer bits per level below, built with int64
 scatter_add, which is exact and therefore deterministic), `method="bisect"` with 32 bisection
 steps of masked sums; they give identical results. Every tensor has a shape fixed by the input
 shape and every loop a fixed trip count: no .item(), no host synchronisation, no dependence
@@ -230,52 +230,61 @@ def _select_bisect(key: torch.Tensor, values: torch.Tensor | None, limit: torch.
 class _RadixDigits:
     """The key's digits, most significant first, for histogram selection (computed once per call).
 
-    With u = key + 2**31 in [0, 2**32): digit l = (u >> shift_l) & (2**bits - 1), and
-    `prefix[l]` = u >> (shift_l + bits), the digits above level l that a token must share with
-    the selected bucket to take part in level l.
+    With u = key + 2**31 in [0, 2**32) cut into digits of the given widths (summing to 32),
+    `digits[l]` is digit l and `prefix[l]` the number formed by digits 0..l-1, which a token
+    must share with the bucket selected so far to take part in level l.
     """
 
-    def __init__(self, key: torch.Tensor, bits: int):
-        self.bits = bits
-        self.levels = 32 // bits
+    def __init__(self, key: torch.Tensor, widths: tuple[int, ...]):
+        self.widths = widths
         u = key.long() + 2**31
-        shifts = [32 - bits * (level + 1) for level in range(self.levels)]
-        self.digits = [(u >> shift) & (2**bits - 1) for shift in shifts]
-        # Level l's prefix is the number formed by digits 0..l-1; with two levels it is digit 0.
-        self.prefix = [None] + [
-            self.digits[0] if level == 1 else u >> (shift + bits)
-            for level, shift in enumerate(shifts)
-            if level >= 1
-        ]
+        self.digits, self.prefix = [], []
+        shift = 32
+        for level, width in enumerate(widths):
+            shift -= width
+            digit = u >> shift if shift else u
+            self.digits.append(digit & ((1 << width) - 1) if level else digit)  # u < 2**32
+            above = None if level == 0 else self.digits[0] if level == 1 else u >> (shift + width)
+            self.prefix.append(above)
 
     def histogram(self, level: int, src: torch.Tensor) -> torch.Tensor:
-        """Per-row sums of src by digit at `level`: int64 [R, 2**bits] (exact integer adds)."""
+        """Per-row sums of src by digit at `level`: int64 [R, 2**width] (exact integer adds)."""
         rows = self.digits[level].shape[0]
-        hist = torch.zeros(rows, 2**self.bits, dtype=torch.int64, device=src.device)
+        hist = torch.zeros(rows, 1 << self.widths[level], dtype=torch.int64, device=src.device)
         return hist.scatter_add_(-1, self.digits[level], src)
 
     def select(self, values: torch.Tensor, first_histogram: torch.Tensor, limit: torch.Tensor):
         """Selection by histograms, level by level; returns (t as an int32 key value, mass above t).
 
         values: int64 [R, V] (for counts, an expanded 1); first_histogram: self.histogram(0, values).
-        Invariant: the bucket chosen at each level contains t, and `above` is the mass of the
-        tokens above that bucket's key range (so `above` <= limit).
+        Invariant: the bucket chosen so far contains t, and `above` is the mass of the tokens
+        above that bucket's key range (so `above` <= limit).
         """
         above = torch.zeros_like(limit)
         prefix = torch.zeros_like(limit)
-        for level in range(self.levels):
+        for level, width in enumerate(self.widths):
             if level == 0:
                 hist = first_histogram
             else:
                 inside = self.prefix[level] == prefix
                 hist = self.histogram(level, torch.where(inside, values, 0))
             cumulative = hist.cumsum(dim=-1)
-            # Mass of the tokens above each bucket's key range, non-increasing in the bucket.
-            above_bucket = above + (cumulative[:, -1:] - cumulative)
-            bucket = (above_bucket > limit).sum(dim=-1, keepdim=True)  # first with <= limit
-            above = above_bucket.gather(-1, bucket)
-            prefix = (prefix << self.bits) + bucket
+            # The mass above bucket b's key range is above + total - cumulative[b], which does
+            # not increase with b; t lies in the first bucket where it is <= limit.
+            rest = above + cumulative[:, -1:]
+            bucket = (cumulative < rest - limit).sum(dim=-1, keepdim=True)
+            above = rest - cumulative.gather(-1, bucket)
+            prefix = (prefix << width) + bucket
         return prefix - 2**31, above
+
+
+def _radix_widths(vocab: int) -> tuple[int, ...]:
+    """Digit widths: about as many buckets per level as tokens, at most 2**16."""
+    if vocab >= 2**15:
+        return (16, 16)
+    if vocab >= 2**9:
+        return (11, 11, 10)
+    return (8, 8, 8, 8)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,7 +302,7 @@ def _keep_mask_sortfree(
     if method == "auto":
         method = "radix"
     if method == "radix":
-        digits = _RadixDigits(key, 16 if vocab >= 4096 else 8)
+        digits = _RadixDigits(key, _radix_widths(vocab))
         ones = torch.ones(1, 1, dtype=torch.int64, device=s.device).expand_as(weight)
         count_hist, weight_hist = digits.histogram(0, ones), digits.histogram(0, weight)
 
@@ -312,16 +321,15 @@ def _keep_mask_sortfree(
     # top_k: the k-th key; ties there kept in vocabulary order up to k tokens in all.
     t_k, n_above = select(ones, count_hist, k - 1)
     tie = key == t_k
-    tie_rank = tie.cumsum(dim=-1, dtype=torch.int32) - tie.int()
-    keep = (key > t_k) | (tie & (tie_rank < k - n_above))
+    keep = (key > t_k) | (tie & (tie.cumsum(dim=-1, dtype=torch.int32) <= k - n_above))
 
     # top_p on the top-k tokens: the first token whose preceding weight exceeds T goes.
     limit = _top_p_limit(top_p, torch.where(keep, weight, 0).sum(dim=-1, keepdim=True))
     t_p, weight_above = select(weight, weight_hist, limit)
     tie = key == t_p
     tie_weight = torch.where(tie, weight, 0)
-    before = weight_above + (tie_weight.cumsum(dim=-1) - tie_weight)
-    keep &= (key > t_p) | (tie & (before <= limit))
+    tie_weight_before = tie_weight.cumsum(dim=-1) - tie_weight
+    keep &= (key > t_p) | (tie & (tie_weight_before <= limit - weight_above))
 
     keep &= w >= min_p
     return keep

@@ -64,6 +64,7 @@ def register(subparsers) -> None:
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     _add_serve(bench_sub.add_parser("serve", help="load-test an OpenAI-compatible server"))
     _add_offline(bench_sub.add_parser("offline", help="speculative vs plain decoding in one process"))
+    _add_step(bench_sub.add_parser("step", help="one engine step of a named model shape vs its bandwidth floor"))
     check = subparsers.add_parser("check", help="correctness checks of speculative sampling")
     check_sub = check.add_subparsers(dest="check_command", required=True)
     _add_temperature(check_sub.add_parser("temperature", help="does a server really sample at T > 0?"))
@@ -110,6 +111,41 @@ def _add_offline(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", default=None, help="JSON results file")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_bench_offline)
+
+
+def _add_step(p: argparse.ArgumentParser) -> None:
+    from blockspec.bench.step import SHAPES
+    from blockspec.engine.config import ATTENTION_BACKENDS
+    p.add_argument("--shape", default="qwen3-8b", choices=[*SHAPES, "bundled"], help="random-weight model shape")
+    p.add_argument("--device", default="cuda", help="cuda (or cpu, for a smoke run)")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--context", type=int, default=1024, help="cached tokens per request")
+    p.add_argument("--batches", default="1,16,64", help="decode batch sizes")
+    p.add_argument("--chain", type=int, default=16, help="verify width of the chain (root included)")
+    p.add_argument("--trees", default="32,64", help="tree budgets to verify")
+    p.add_argument("--drafter-layers", type=int, default=5)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--temperatures", default="0,0.6", help="decode step at each (T > 0 with top_p 0.95)")
+    p.add_argument("--iters", type=int, default=20, help="timed steps per figure")
+    p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
+    p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--output", default=None, help="JSON results file")
+    p.set_defaults(func=cmd_bench_step)
+
+
+def cmd_bench_step(args) -> int:
+    from blockspec.bench.step import StepBenchConfig, run_step_bench
+    for name in ("context", "chain", "drafter_layers", "block_size", "iters"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive")
+    cfg = StepBenchConfig(shape=args.shape, device=args.device, dtype=args.dtype, context=args.context,
+                          batches=_positive_ints(args.batches, "--batches"), chain=args.chain,
+                          trees=_positive_ints(args.trees, "--trees"), drafter_layers=args.drafter_layers,
+                          block_size=args.block_size, temperatures=_temperatures(args.temperatures, "--temperatures"),
+                          iters=args.iters, graphs=not args.disable_cuda_graph,
+                          attention_backend=args.attention_backend, output=args.output)
+    run_step_bench(cfg)
+    return 0
 
 
 def _add_temperature(p: argparse.ArgumentParser) -> None:

@@ -1,7 +1,9 @@
-"""CUDA graphs for the verify step: capture once per batch bucket, replay with static buffers.
+"""CUDA graphs for the decode step: capture once per batch bucket, replay with static buffers.
 
-What is captured is `SpeculativeStep.verify_accept` — target forward, filters, verification walk,
-K/V compaction, path features — at the method's fixed verify width. The host copies a step's
+What is captured is `SpeculativeStep.device_step` — for plain decoding and DFlash chains the
+whole step (drafter forward, target forward, filters, verification walk, K/V compaction, the
+drafter's new context); for host-drafted trees (n-gram, DDTree) everything after drafting — at
+the method's fixed verify width. The host copies a step's
 inputs into the bucket's static buffers and replays; rows past the real batch are padding whose
 page table is zeroed, so they read and write only page 0 (never a live sequence's pages).
 A batch larger than the largest bucket runs eagerly, and the log says so.
@@ -43,14 +45,16 @@ class _Static:
     graph: torch.cuda.CUDAGraph | None = None
 
 
-class GraphedVerify:
-    """Callable like `verify_accept(inputs, tree)` for batches up to the largest bucket."""
+class GraphedStep:
+    """Callable like `device_step(inputs, tree)` for batches up to the largest bucket."""
 
-    def __init__(self, verify_accept, width: int, num_uniforms: int, max_pages: int, page_size: int,
-                 tree_shaped: bool, device: torch.device, max_bs: int):
-        """`verify_accept(inputs, tree) -> (VerifyResult, features | None)`; `tree_shaped`: the
-        proposer builds branching trees (tree mask and compaction are always captured)."""
-        self.fn = verify_accept
+    def __init__(self, device_step, width: int, num_uniforms: int, max_pages: int, page_size: int,
+                 tree_shaped: bool, drafts_on_device: bool, device: torch.device, max_bs: int):
+        """`device_step(inputs, tree | None) -> (VerifyResult, num_nodes)`; `tree_shaped`: the
+        proposer builds branching trees (tree mask and compaction are always captured);
+        `drafts_on_device`: the tree is made inside the step (passed as None)."""
+        self.fn = device_step
+        self.drafts_on_device = drafts_on_device
         self.width, self.num_uniforms, self.max_pages = width, num_uniforms, max_pages
         self.page_size, self.tree_shaped, self.device = page_size, tree_shaped, device
         self.buckets = batch_buckets(max_bs)
@@ -89,11 +93,11 @@ class GraphedVerify:
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):              # warm-up: Triton compiles, cuBLAS picks kernels
-                    self.fn(st.inputs, st.tree)
+                    self.fn(st.inputs, self._tree_arg(st))
             torch.cuda.current_stream().wait_stream(stream)
             st.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(st.graph, pool=self.pool):
-                st.outputs = self.fn(st.inputs, st.tree)
+                st.outputs = self.fn(st.inputs, self._tree_arg(st))
             self.pool = st.graph.pool()
             self.static[bs] = st
         if self.device.type == "cuda":
@@ -101,6 +105,9 @@ class GraphedVerify:
         self.capture_seconds = time.perf_counter() - start
         log.info("captured CUDA graphs for batch sizes %s at verify width %d in %.1f s",
                  self.buckets, self.width, self.capture_seconds)
+
+    def _tree_arg(self, st: _Static) -> DraftTree | None:
+        return None if self.drafts_on_device else st.tree
 
     def can_run(self, batch_size: int) -> bool:
         if batch_size <= self.buckets[-1]:
@@ -115,7 +122,7 @@ class GraphedVerify:
         return next(b for b in self.buckets if b >= batch_size)
 
     @torch.inference_mode()
-    def __call__(self, inputs: StepInputs, tree: DraftTree):
+    def __call__(self, inputs: StepInputs, tree: DraftTree | None):
         B = inputs.batch_size
         st = self.static[self.bucket_for(B)]
         si, stree = st.inputs, st.tree
@@ -129,12 +136,13 @@ class GraphedVerify:
         for name in ("temperature", "top_k", "top_p", "min_p", "greedy"):
             getattr(si.sampling, name)[:B].copy_(getattr(inputs.sampling, name))
         si.uniforms[:B].copy_(inputs.uniforms)
-        for name in ("tokens", "parents", "depths", "num_nodes"):
-            getattr(stree, name)[:B].copy_(getattr(tree, name))
+        si.input_ids[:B].copy_(inputs.input_ids)
+        if tree is not None:
+            for name in ("tokens", "parents", "depths", "num_nodes"):
+                getattr(stree, name)[:B].copy_(getattr(tree, name))
         if st.graph is not None:
             st.graph.replay()
         else:
-            st.outputs = self.fn(si, stree)
-        result, features = st.outputs
-        result = type(result)(**{k: v[:B] for k, v in vars(result).items()})
-        return result, None if features is None else features[:B]
+            st.outputs = self.fn(si, self._tree_arg(st))
+        result, num_nodes = st.outputs
+        return type(result)(**{k: v[:B] for k, v in vars(result).items()}), num_nodes[:B]

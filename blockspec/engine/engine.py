@@ -7,7 +7,6 @@ happens on the host after a step: committing tokens, stops, detokenization.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +26,6 @@ from blockspec.models.registry import load_config
 from blockspec.sampling import SamplingParams, draw_uniforms, filtered_probs, make_generator, sample_from_probs
 from blockspec.speculative.step import SpeculativeStep
 from blockspec.tokenizer import Tokenizer
-
-log = logging.getLogger("blockspec.engine")
 
 @dataclass
 class EngineStats:
@@ -92,17 +89,14 @@ class Engine:
         self._arrivals = 0
 
     def capture_graphs(self):
-        """CUDA graphs of the verify step (plain decoding is a verify of width 1)."""
-        from blockspec.engine.cuda_graphs import GraphedVerify
-        if self.config.spec_verify == "rejection":
-            log.warning("CUDA graphs are not captured for rejection verification: its steps run eagerly")
-            return None
+        """CUDA graphs of the decode step (plain decoding is a verify of width 1)."""
+        from blockspec.engine.cuda_graphs import GraphedStep
         width = 1 + (self.proposer.max_nodes if self.proposer else 0)
         max_pages = -(-(self.max_model_len + self.lookahead) // self.config.page_size)
-        graphed = GraphedVerify(lambda inputs, tree: self.spec_step.verify_accept(self.runner, inputs, tree),
-                                width, self.spec_step.uniforms_per_row, max_pages, self.config.page_size,
-                                bool(self.proposer and self.proposer.builds_trees), self.device,
-                                min(self.config.cuda_graph_max_bs, self.config.max_running_requests))
+        graphed = GraphedStep(lambda inputs, tree: self.spec_step.device_step(self.runner, inputs, tree),
+                              width, self.spec_step.uniforms_per_row, max_pages, self.config.page_size,
+                              bool(self.proposer and self.proposer.builds_trees), self.spec_step.drafts_on_device,
+                              self.device, min(self.config.cuda_graph_max_bs, self.config.max_running_requests))
         graphed.capture()
         return graphed
 

@@ -6,14 +6,34 @@ import torch
 from torch import nn
 
 
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The eager RMSNorm: normalise in float32 like the reference, cast back before the weight."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
 class RMSNorm(nn.Module):
+    # True: one Triton launch (blockspec.layers.triton_ops), bit for bit the eager code; set by
+    # blockspec.layers.fused.enable_fused_ops.
+    fused: bool = False
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 like the reference, then cast back before the weight.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        if self.fused:
+            from blockspec.layers import triton_ops
+            return triton_ops.rms_norm(x, self.weight, self.eps)
+        return rms_norm_reference(x, self.weight, self.eps)
+
+    def forward_with_residual(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(self(x + residual), x + residual)`: a decoder layer's residual add and this norm,
+        one launch when fused."""
+        if self.fused:
+            from blockspec.layers import triton_ops
+            return triton_ops.add_rms_norm(x, residual, self.weight, self.eps)
+        summed = x + residual
+        return self(summed), summed

@@ -46,3 +46,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
+
+
+class ApplyRope(nn.Module):
+    """`apply_rope` as a (parameterless) submodule, so that a layer's rotation can be switched to
+    the fused Triton kernel (`fused`, set by blockspec.layers.fused.enable_fused_ops) like its
+    norms and MLP. `self.rope(q, k, cos, sin)` rotates q and k (k may be None), one launch when
+    fused; bit for bit `apply_rope` either way."""
+
+    fused: bool = False
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.fused:
+            from blockspec.layers import triton_ops
+            return triton_ops.apply_rope_qk(q, k, cos, sin)
+        return apply_rope(q, cos, sin), (None if k is None else apply_rope(k, cos, sin))

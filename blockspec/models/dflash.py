@@ -22,7 +22,7 @@ from torch import nn
 from blockspec.attention.backend import AttentionBackend
 from blockspec.attention.metadata import AttentionBatch
 from blockspec.config import ModelConfig, RopeConfig
-from blockspec.kv.cache import KVCache
+from blockspec.kv.cache import CacheSpec, KVCache
 from blockspec.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope
 from blockspec.models.loader import load_state_dict
 
@@ -104,6 +104,11 @@ class DFlashConfig:
             raise ValueError(f"drafter target_layer_ids {bad} are outside the target's {target.num_layers} layers")
         if not 0 <= self.mask_token_id < target.vocab_size:
             raise ValueError(f"drafter mask_token_id {self.mask_token_id} is outside the target vocabulary")
+
+    @property
+    def cache_spec(self) -> CacheSpec:
+        """The drafter's context K/V per token and layer."""
+        return CacheSpec(self.num_layers, self.num_kv_heads, self.head_dim)
 
     def layer_window(self, layer: int) -> tuple[int | None, bool]:
         """(sliding window or None, causal) of one layer, as z-lab's reference treats them."""

@@ -39,6 +39,7 @@ class Proposer:
     max_depth = 0
     max_nodes = 0
     builds_trees = True      # False only when every tree is a chain (verify needs no compaction)
+    drafts_on_device = False  # True when propose() is device work only (capturable in a CUDA graph)
 
     def load(self, target, num_pages: int, page_size: int, backend: AttentionBackend) -> None:
         pass
@@ -70,17 +71,17 @@ class NgramProposer(Proposer):
 class DFlashProposer(Proposer):
     """Linear DFlash (a chain of argmax drafts) or DDTree (a best-first tree) from one drafter pass."""
 
-    def __init__(self, draft_dir: str, target_config, block_size: int | None, tree_budget: int | None = None,
-                 tree_topk: int | None = None, sample_drafts: bool = False):
-        """`sample_drafts`: draw drafts from the filtered drafter distribution q (chains only).
-        The drafter's config is read here (sizes fixed); its weights load in `load`."""
-        from blockspec.models.dflash import read_drafter_config
+    def __init__(self, config, block_size: int | None, tree_budget: int | None = None,
+                 tree_topk: int | None = None, sample_drafts: bool = False, draft_dir: str | None = None):
+        """`config`: the drafter's `DFlashConfig` (sizes are fixed here, weights come later:
+        from `draft_dir` in `load`, or an in-memory drafter through `attach`).
+        `sample_drafts`: draw drafts from the filtered drafter distribution q (chains only)."""
         if sample_drafts and tree_budget is not None:
             raise ValueError("rejection verification (sampled drafts) is for chains; ddtree verifies target-only")
         self.sample_drafts = sample_drafts
         self.draft_dir = draft_dir
-        self.config = read_drafter_config(draft_dir, target_config)
-        trained = self.config.block_size
+        self.config = config
+        trained = config.block_size
         self.block_size = block_size or trained
         if not 2 <= self.block_size <= trained:
             raise ValueError(f"block_size must be between 2 and the drafter's trained block size {trained}, "
@@ -90,18 +91,23 @@ class DFlashProposer(Proposer):
         self.tree_topk = tree_topk
         self.max_nodes = tree_budget if tree_budget is not None else self.max_depth
         self.builds_trees = tree_budget is not None
-        self.target_layer_ids = self.config.target_layer_ids
-        self.mask_token_id = self.config.mask_token_id
+        self.drafts_on_device = tree_budget is None     # DDTree's best-first search runs on the host
+        self.target_layer_ids = config.target_layer_ids
+        self.mask_token_id = config.mask_token_id
 
     def load(self, target, num_pages: int, page_size: int, backend: AttentionBackend) -> None:
-        """Weights in the target's dtype and device; the context cache shares the target's
-        pages (same slots, own tensors)."""
+        """Weights in the target's dtype and device."""
         from blockspec.models.dflash import load_drafter
-        dtype, device = target.lm_head.weight.dtype, target.lm_head.weight.device
-        self.drafter = load_drafter(self.draft_dir, target.config, dtype, device, backend)
-        self.target = target
-        cfg = self.drafter.config
-        self.cache = KVCache(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
+        weight = target.lm_head.weight
+        self.attach(load_drafter(self.draft_dir, target.config, weight.dtype, weight.device, backend),
+                    target, num_pages, page_size)
+
+    def attach(self, drafter, target, num_pages: int, page_size: int) -> None:
+        """Use a drafter already in memory; its context cache shares the target's pages (same
+        slots, own tensors)."""
+        self.drafter, self.target = drafter, target
+        weight = target.lm_head.weight
+        self.cache = drafter.config.cache_spec.allocate(num_pages, page_size, weight.dtype, weight.device)
 
     @torch.inference_mode()
     def on_prefill(self, features, batch: AttentionBatch, positions) -> None:
@@ -133,6 +139,7 @@ class DFlashProposer(Proposer):
 
 def build_proposer(config, target_config):
     """The proposer for `config.spec`, or a clear error when it cannot be honoured."""
+    from blockspec.models.dflash import read_drafter_config
     if config.spec == "ngram":
         if config.spec_verify == "rejection":
             raise ValueError("spec_verify 'rejection' needs sampled drafts; n-gram drafts are point masses")
@@ -145,11 +152,12 @@ def build_proposer(config, target_config):
     if config.spec in ("dflash", "ddtree"):
         if not config.draft_model:
             raise ValueError(f"spec {config.spec!r} needs a draft model (draft_model / --draft-model)")
+        drafter_config = read_drafter_config(config.draft_model, target_config)
         if config.spec == "dflash":
-            return DFlashProposer(config.draft_model, target_config, config.block_size,
-                                  sample_drafts=config.spec_verify == "rejection")
+            return DFlashProposer(drafter_config, config.block_size, sample_drafts=config.spec_verify == "rejection",
+                                  draft_dir=config.draft_model)
         if config.spec_verify == "rejection":
             raise ValueError("spec_verify 'rejection' needs sampled chain drafts: use spec 'dflash'")
-        return DFlashProposer(config.draft_model, target_config, config.block_size, config.tree_budget or 16,
-                              config.tree_topk)
+        return DFlashProposer(drafter_config, config.block_size, config.tree_budget or 16, config.tree_topk,
+                              draft_dir=config.draft_model)
     raise ValueError(f"unknown spec {config.spec!r}")

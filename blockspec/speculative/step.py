@@ -58,24 +58,41 @@ class SpeculativeStep:
         depth = self.proposer.max_depth if self.proposer else 0
         return 3 * depth + 1 if self.rejection else depth + 1
 
+    @property
+    def drafts_on_device(self) -> bool:
+        """True when drafting is device work too (no proposer, DFlash chains): the whole step,
+        draft included, is then one capturable function (`device_step`)."""
+        return self.proposer is None or self.proposer.drafts_on_device
+
     def draft(self, inputs: StepInputs) -> tuple[DraftTree, torch.Tensor | None]:
         if self.proposer is None:
             empty = torch.zeros(inputs.batch_size, 0, dtype=torch.long, device=inputs.device)
             return chain_tree(empty, inputs.roots), None
-        return self.proposer.propose(inputs.seqs, inputs)
+        tree, draft_probs = self.proposer.propose(inputs.seqs, inputs)
+        return tree.to(inputs.device), draft_probs
 
     def run(self, runner: TargetForward, inputs: StepInputs, graphed=None) -> StepResult:
-        """`graphed(inputs, tree)`, when given and able to take this batch, replays a captured
-        `verify_accept` (CUDA graphs); it must return exactly what `verify_accept` would."""
-        tree, draft_probs = self.draft(inputs)
-        tree = tree.to(inputs.device)
+        """One decode step. `graphed(inputs, tree)`, when given and able to take this batch,
+        replays a captured `device_step` (CUDA graphs) and must return exactly what it would."""
+        tree = draft_probs = None
+        if not self.drafts_on_device:          # host-side drafting (n-gram lookup, DDTree's heap)
+            tree, draft_probs = self.draft(inputs)
         if graphed is not None and draft_probs is None and graphed.can_run(inputs.batch_size):
-            result, path_features = graphed(inputs, tree)
+            result, num_nodes = graphed(inputs, tree)
         else:
-            result, path_features = self.verify_accept(runner, inputs, tree, draft_probs)
+            result, num_nodes = self.device_step(runner, inputs, tree, draft_probs)
+        return StepResult.from_device(result, num_nodes)
+
+    def device_step(self, runner: TargetForward, inputs: StepInputs, tree: DraftTree | None = None,
+                    draft_probs: torch.Tensor | None = None) -> tuple[VerifyResult, torch.Tensor]:
+        """Draft (unless `tree` is given), verify, accept, feed the drafter the committed path.
+        Device work only, no host sync. Returns the verify result and the drafted node counts."""
+        if tree is None:
+            tree, draft_probs = self.draft(inputs)
+        result, path_features = self.verify_accept(runner, inputs, tree, draft_probs)
         if self.proposer is not None and path_features is not None:
             self.proposer.on_verify(inputs, result.accept_len, path_features)
-        return StepResult.from_device(result, tree.num_nodes)
+        return result, tree.num_nodes
 
     def verify_accept(self, runner: TargetForward, inputs: StepInputs, tree: DraftTree,
                       draft_probs: torch.Tensor | None = None) -> tuple[VerifyResult, torch.Tensor | None]:

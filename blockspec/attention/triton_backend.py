@@ -1,0 +1,32 @@
+"""The CUDA backend: K/V written with one index copy per tensor, attention by the Triton kernel
+(`attention/triton_paged.py`), which reads each row's pages in place through the page table."""
+
+from __future__ import annotations
+
+import torch
+
+from blockspec.attention.backend import AttentionBackend, AttentionPlan
+from blockspec.attention.metadata import AttentionBatch
+from blockspec.attention.triton_paged import paged_attention
+from blockspec.kv.cache import KVCache
+
+
+class TritonBackend(AttentionBackend):
+    name = "triton"
+
+    def plan(self, batch: AttentionBatch, cache: KVCache, sliding_window: int | None = None,
+             causal: bool = False, positions: torch.Tensor | None = None) -> AttentionPlan:
+        kind, new_mask = batch.mask_kind, batch.new_mask
+        if causal and kind == "full":
+            kind = "causal"
+        elif causal and kind == "tree":
+            new_mask = new_mask.tril()
+        return AttentionPlan(batch, sliding_window, causal, positions, extra=(kind, new_mask))
+
+    def forward(self, q, k, v, cache: KVCache, layer: int, plan: AttentionPlan, scale: float) -> torch.Tensor:
+        batch = plan.batch
+        cache.write(layer, batch.slots, k, v)
+        kind, new_mask = plan.extra
+        return paged_attention(q, cache.k[layer], cache.v[layer], batch.page_table, batch.prefix_lens,
+                               batch.new_lens, scale, cache.page_size, kind, new_mask,
+                               plan.sliding_window, plan.positions)

@@ -1,0 +1,491 @@
+"""Fused Triton kernels for the decode step's pointwise work: RMSNorm, residual add + RMSNorm,
+rotary embedding, SwiGLU's `silu(gate) * up`. One launch each, bit for bit the eager layers.
+
+Exactness means reproducing every rounding point of the eager code, not only its formula:
+
+* Elementwise ops round where torch rounds. A bf16/fp16 op computes in fp32 and rounds to the
+  dtype (a product of two 8- or 11-bit significands is exact in fp32, so that is one rounding;
+  a sum may round twice, fp32 then dtype, exactly as torch does). `a*b + c*d` is three roundings
+  in the dtype, never an FMA: every launch passes `enable_fp_fusion=False`, and divisions are
+  `div_rn` (Triton's `/` is an approximate division).
+* RMSNorm's `pow(2).mean(-1)` is a reduction, whose result depends on the order of its fp32
+  additions. The kernels reproduce the order of the reduction that torch itself runs on the
+  tensor's device (`_sumsq_cuda`, `_sumsq_cpu` below say which), each addition as an explicit
+  elementwise add or a sum over an axis of two, so neither Triton's nor NumPy's own reduction
+  order enters. CUDA's order depends on the number of rows (ATen picks its launch
+  configuration from the output count); `cuda_reduce_plan` reproduces that choice and answers
+  None for configurations it does not model, where the eager path runs instead (also for
+  non-contiguous inputs, whose reduction ATen lays out differently).
+* rsqrt is libdevice's (the `rsqrtf` torch's CUDA kernel calls) on CUDA, and 1/sqrt, as torch's
+  CPU kernel computes it, under the interpreter; silu's exp is libdevice's `expf` on CUDA.
+
+Under Triton's interpreter (`TRITON_INTERPRET=1` in the environment before this module is
+imported, CPU tensors, float32/float16 only: bfloat16 loads read garbage there in Triton 3.x)
+RMSNorm, the residual add and RoPE equal torch's CPU kernels bit for bit; silu does not quite,
+since NumPy's `exp` is not torch's (Sleef) `exp`. On CUDA all four are meant to equal torch's
+CUDA kernels bit for bit in every dtype; `bench/triton_ops_gpu.py` checks that.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+try:  # dispatches to the CUDA or HIP library when a kernel is compiled
+    from triton.language.extra import libdevice
+except ImportError:  # pragma: no cover - very old triton
+    libdevice = None
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+# torch's CPU sum (aten/src/ATen/native/cpu/SumKernel.cpp): rows of Vectorized<float> (8 lanes
+# with AVX2 and with the AVX512 build of that kernel alike), four of them at a time (ilp), in a
+# cascade of 4 levels of 16.
+_CPU_LANES = 8
+# ATen's reduction (aten/src/ATen/native/cuda/Reduce.cuh) for float: 512 threads at most, warps
+# of 32, four accumulators (vt0), four-wide input vectors.
+_CUDA_MAX_THREADS = 512
+_CUDA_WARP = 32
+_CUDA_VEC = 4
+
+
+# ----------------------------------------------------------------------------------------------
+# Reduction orders
+
+
+def _last_pow2(n: int) -> int:
+    """ATen's `last_pow2`: the largest power of two not above n (1 at least)."""
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def cuda_reduce_plan(rows: int, n: int) -> tuple[int, int, int, int] | None:
+    """`(vec, block_x, block_y, passes)` of ATen's `setReduceConfig` for a last-dim float32
+    reduction over a fresh contiguous `[rows, n]` tensor (rows start 16-byte aligned), or None
+    where its order is not modelled (a vector tail, a split across blocks).
+
+    Thread `t = x + y·block_x` of a row owns elements `t, t + S, t + 2S, …` (`S = block_x ·
+    block_y`; in vectors of `vec` when vectorized) and sums them into 4 accumulators (by vector
+    lane, or by step modulo 4), combined left to right; `block_y` threads are then combined by
+    a halving tree in shared memory (only when ATen splits the row across warps, else 1), and
+    the `block_x` lanes by a halving tree down to a warp and a shuffle tree of adjacent pairs.
+    """
+    vec = _CUDA_VEC if n > 128 else 1   # "vectorize along input" needs dim0 > 128
+    if vec > 1 and n % vec:
+        return None
+    dim0, dim1 = n // vec, rows
+    mnt = _CUDA_MAX_THREADS
+    d0 = _last_pow2(dim0) if dim0 < mnt else mnt
+    d1 = _last_pow2(dim1) if dim1 < mnt else mnt
+    bw = min(d0, _CUDA_WARP)
+    bh = min(d1, mnt // bw)
+    bw = min(d0, mnt // bh)
+    step = bw
+    vpt = -(-n // step)                 # values_per_thread counts elements, not vectors
+    if vpt >= bh * 16 or vpt >= 256:    # split across warps: block_y reduction
+        step *= bh
+        if -(-n // step) >= 256:        # ATen may then split across blocks: not modelled
+            return None
+    else:
+        bh = 1
+    passes = -(-(n // vec) // step)
+    return vec, bw, bh, passes
+
+
+@triton.jit
+def _row_values(x_row, r_row, offs, mask, HAS_RES: tl.constexpr):
+    """The row's values as float32: x, or (x + residual) rounded to x's dtype first."""
+    x = tl.load(x_row + offs, mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(r_row + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_row.dtype.element_ty)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _pick(v, lane, i, AXIS: tl.constexpr):
+    """Element i along AXIS: a masked sum of one value and zeros, which is exact."""
+    return tl.sum(tl.where(lane == i, v, 0.0), axis=AXIS)
+
+
+@triton.jit
+def _sumsq_cpu(x_row, r_row, N, HAS_RES: tl.constexpr):
+    """Σ v² in the order of torch's CPU `sum` (SumKernel.cpp `vectorized_inner_sum`):
+    `multi_row_sum` over rows of 4 × 8 lanes with its 4-level cascade (level step 16),
+    then the leftover 8-lane vectors into ilp row 0, ilp rows 1..3 into row 0, and finally a
+    scalar running sum of the leftover elements and then of the 8 lanes."""
+    lane32 = tl.arange(0, 32)
+    lane8 = tl.arange(0, 8)
+    nvec = N // 8
+    nrow = nvec // 4
+    zero = tl.zeros([32], dtype=tl.float32)
+    acc0 = zero
+    acc1 = zero
+    acc2 = zero
+    acc3 = zero
+    nchunk = nrow // 16
+    for c in range(nchunk):
+        for j in range(16):
+            v = _row_values(x_row, r_row, (c * 16 + j) * 32 + lane32, lane32 < 32, HAS_RES)
+            acc0 = acc0 + v * v
+        i = (c + 1) * 16
+        acc1 = acc1 + acc0
+        acc0 = zero
+        up2 = (i & 0xF0) == 0
+        acc2 = tl.where(up2, acc2 + acc1, acc2)
+        acc1 = tl.where(up2, zero, acc1)
+        up3 = up2 & ((i & 0xF00) == 0)
+        acc3 = tl.where(up3, acc3 + acc2, acc3)
+        acc2 = tl.where(up3, zero, acc2)
+    for rr in range(nchunk * 16, nrow):
+        v = _row_values(x_row, r_row, rr * 32 + lane32, lane32 < 32, HAS_RES)
+        acc0 = acc0 + v * v
+    acc0 = acc0 + acc1
+    acc0 = acc0 + acc2
+    acc0 = acc0 + acc3
+    # acc0[8k + l] is ilp row k, lane l.
+    rows = tl.reshape(acc0, [4, 8])
+    ilp = tl.arange(0, 4)[:, None]
+    p0 = _pick(rows, ilp, 0, 0)
+    for vv in range(nrow * 4, nvec):
+        v = _row_values(x_row, r_row, vv * 8 + lane8, lane8 < 8, HAS_RES)
+        p0 = p0 + v * v
+    p0 = p0 + _pick(rows, ilp, 1, 0)
+    p0 = p0 + _pick(rows, ilp, 2, 0)
+    p0 = p0 + _pick(rows, ilp, 3, 0)
+    total = tl.sum(tl.zeros([8], dtype=tl.float32), axis=0)     # float32 zero scalar
+    for k in range(nvec * 8, N):
+        v = _row_values(x_row, r_row, k + lane8 * 0, lane8 == 0, HAS_RES)
+        total = total + tl.sum(v * v, axis=0)                   # one value and zeros
+    for l in tl.static_range(8):
+        total = total + _pick(p0, lane8, l, 0)
+    return total
+
+
+@triton.jit
+def _sumsq_cuda(x_row, r_row, N, HAS_RES: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr,
+                BH: tl.constexpr, PASSES: tl.constexpr, LOG_BW: tl.constexpr, LOG_BH: tl.constexpr):
+    """Σ v² in the order of ATen's CUDA reduction for the plan `cuda_reduce_plan` gave
+    (Reduce.cuh: `input_vectorized_thread_reduce_impl` / `thread_reduce_impl`,
+    `block_y_reduce`, `block_x_reduce`)."""
+    S: tl.constexpr = BW * BH
+    if VEC == 4:
+        offs = tl.arange(0, S * 4)          # thread offs // 4, vector lane offs % 4
+        acc = tl.zeros([S * 4], dtype=tl.float32)
+        for j in range(PASSES):
+            o = j * (S * 4) + offs
+            v = _row_values(x_row, r_row, o, o < N, HAS_RES)
+            acc = acc + v * v
+        lanes = tl.reshape(acc, [S, 4])
+        lane = tl.arange(0, 4)[None, :]
+        t = _pick(lanes, lane, 0, 1) + _pick(lanes, lane, 1, 1)
+        t = t + _pick(lanes, lane, 2, 1)
+        t = t + _pick(lanes, lane, 3, 1)
+    else:
+        offs = tl.arange(0, S)
+        a0 = tl.zeros([S], dtype=tl.float32)
+        a1 = a0
+        a2 = a0
+        a3 = a0
+        for k in range(0, PASSES, 4):       # step k of a thread goes to accumulator k % 4
+            o = k * S + offs
+            v = _row_values(x_row, r_row, o, o < N, HAS_RES)
+            a0 = a0 + v * v
+            o = o + S
+            v = _row_values(x_row, r_row, o, o < N, HAS_RES)
+            a1 = a1 + v * v
+            o = o + S
+            v = _row_values(x_row, r_row, o, o < N, HAS_RES)
+            a2 = a2 + v * v
+            o = o + S
+            v = _row_values(x_row, r_row, o, o < N, HAS_RES)
+            a3 = a3 + v * v
+        t = ((a0 + a1) + a2) + a3
+    # t[x + y·BW]. block_y_reduce: thread y takes y + BH/2, then y + BH/4, …
+    t = tl.reshape(t, [BH, BW])
+    for lvl in tl.static_range(LOG_BH):
+        t = tl.sum(tl.reshape(t, [2, BH >> (lvl + 1), BW]), axis=0)
+    t = tl.reshape(t, [BW])
+    # block_x_reduce: halving in shared memory down to a warp, then shfl_down by 1, 2, 4, …
+    for lvl in tl.static_range(LOG_BW):
+        if (BW >> lvl) > 32:
+            t = tl.sum(tl.reshape(t, [2, BW >> (lvl + 1)]), axis=0)
+        else:
+            t = tl.sum(tl.reshape(t, [BW >> (lvl + 1), 2]), axis=1)
+    return tl.sum(t, axis=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, N, scale, eps,
+                     HAS_RES: tl.constexpr, CPU_ORDER: tl.constexpr, LIBDEVICE: tl.constexpr,
+                     VEC: tl.constexpr, BW: tl.constexpr, BH: tl.constexpr, PASSES: tl.constexpr,
+                     LOG_BW: tl.constexpr, LOG_BH: tl.constexpr, CHUNK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * N
+    r_row = res_ptr + row * N
+    if CPU_ORDER:   # torch CPU: sum, then divide by N
+        ss = _sumsq_cpu(x_row, r_row, N, HAS_RES)
+        mean = tl.div_rn(ss, scale)
+    else:           # torch CUDA: MeanOps, sum times the float factor 1/N
+        ss = _sumsq_cuda(x_row, r_row, N, HAS_RES, VEC, BW, BH, PASSES, LOG_BW, LOG_BH)
+        mean = ss * scale
+    var = mean + eps
+    if LIBDEVICE:
+        inv = libdevice.rsqrt(var)
+    else:
+        inv = tl.math.rsqrt(var)
+    for start in range(0, N, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        mask = offs < N
+        v = _row_values(x_row, r_row, offs, mask, HAS_RES)
+        if HAS_RES:
+            tl.store(sum_ptr + row * N + offs, v.to(sum_ptr.dtype.element_ty), mask=mask)
+        y = (v * inv).to(x_ptr.dtype.element_ty).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * N + offs, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sumsq_kernel(x_ptr, out_ptr, N, CPU_ORDER: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr,
+                  BH: tl.constexpr, PASSES: tl.constexpr, LOG_BW: tl.constexpr, LOG_BH: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * N
+    if CPU_ORDER:
+        ss = _sumsq_cpu(x_row, x_row, N, False)
+    else:
+        ss = _sumsq_cuda(x_row, x_row, N, False, VEC, BW, BH, PASSES, LOG_BW, LOG_BH)
+    tl.store(out_ptr + row, ss)
+
+
+@triton.jit
+def _rope_one(x_ptr, o_ptr, c_row, s_row, b, t, H, half, sxb, sxt, sxh, sob, sot, soh,
+              BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    dmask = d < half
+    mask = (h < H) & dmask
+    c1 = tl.load(c_row + d, mask=dmask, other=0.0).to(tl.float32)
+    c2 = tl.load(c_row + half + d, mask=dmask, other=0.0).to(tl.float32)
+    s1 = tl.load(s_row + d, mask=dmask, other=0.0).to(tl.float32)
+    s2 = tl.load(s_row + half + d, mask=dmask, other=0.0).to(tl.float32)
+    xp = x_ptr + b * sxb + t * sxt + h * sxh + d
+    x1 = tl.load(xp, mask=mask, other=0.0)
+    x2 = tl.load(xp + half, mask=mask, other=0.0)
+    dt = x1.dtype
+    x1 = x1.to(tl.float32)
+    x2 = x2.to(tl.float32)
+    # x·cos + rotate_half(x)·sin, rotate_half(x) = [-x2, x1]: each product and the sum rounded.
+    o1 = ((x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)).to(dt)
+    o2 = ((x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)).to(dt)
+    op = o_ptr + b * sob + t * sot + h * soh + d
+    tl.store(op, o1, mask=mask)
+    tl.store(op + half, o2, mask=mask)
+
+
+@triton.jit
+def _rope_kernel(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, T, HQ, HK, half,
+                 sqb, sqt, sqh, sqob, sqot, sqoh, skb, skt, skh, skob, skot, skoh,
+                 scb, sct, ssb, sst,
+                 HAS_K: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+                 BLOCK_D: tl.constexpr):
+    pid = tl.program_id(0)
+    b = (pid // T).to(tl.int64)
+    t = (pid % T).to(tl.int64)
+    c_row = cos_ptr + b * scb + t * sct
+    s_row = sin_ptr + b * ssb + t * sst
+    _rope_one(q_ptr, qo_ptr, c_row, s_row, b, t, HQ, half, sqb, sqt, sqh, sqob, sqot, sqoh,
+              BLOCK_HQ, BLOCK_D)
+    if HAS_K:
+        _rope_one(k_ptr, ko_ptr, c_row, s_row, b, t, HK, half, skb, skt, skh, skob, skot, skoh,
+                  BLOCK_HK, BLOCK_D)
+
+
+@triton.jit
+def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0)
+    gf = g.to(tl.float32)
+    if LIBDEVICE:
+        e = libdevice.exp(-gf)
+    else:
+        e = tl.exp(-gf)
+    act = tl.div_rn(gf, 1.0 + e).to(g.dtype)                 # silu(gate), in gate's dtype
+    out = act.to(tl.float32) * u.to(tl.float32)
+    tl.store(o_ptr + offs, out.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Wrappers
+
+
+def _check_device(t: torch.Tensor) -> None:
+    if t.device.type == "cuda":
+        if INTERPRETED:
+            raise RuntimeError("blockspec.layers.triton_ops was imported under TRITON_INTERPRET=1: "
+                               "its kernels take CPU tensors only")
+    elif not INTERPRETED:
+        raise RuntimeError(f"Triton kernels need CUDA tensors (got {t.device}); on the CPU set "
+                           "TRITON_INTERPRET=1 before importing blockspec.layers.triton_ops")
+
+
+def _launch_opts(t: torch.Tensor) -> dict:
+    return {} if t.device.type == "cpu" else {"enable_fp_fusion": False}
+
+
+def _rms_norm_eager(x, weight, eps):
+    from blockspec.layers.norm import rms_norm_reference
+    return rms_norm_reference(x, weight, eps)
+
+
+def _rms_norm_launch(x, residual, weight, eps):
+    """(normed, summed or None), or None when the eager path must run (see module doc)."""
+    n = x.shape[-1]
+    if (not x.is_contiguous() or weight.dim() != 1 or weight.shape[0] != n
+            or not weight.is_contiguous() or x.dtype not in (torch.float32, torch.float16, torch.bfloat16)):
+        return None
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
+                                 or not residual.is_contiguous()):
+        return None
+    rows = x.numel() // n if n else 0
+    _check_device(x)
+    out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    summed = torch.empty_like(x) if residual is not None else None
+    if rows == 0 or n == 0:
+        return out, summed
+    cpu = x.device.type == "cpu"
+    if cpu:
+        vec, bw, bh, passes = 1, 1, 1, 1
+        scale = float(n)
+    else:
+        plan = cuda_reduce_plan(rows, n)
+        if plan is None:
+            return None
+        vec, bw, bh, passes = plan
+        # MeanOps' factor: float(num_outputs) / numel, both converted to float first.
+        scale = float(torch.tensor(rows, dtype=torch.float32) / torch.tensor(rows * n, dtype=torch.float32))
+    chunk = min(triton.next_power_of_2(n), 1024 if cpu else 2048)
+    _rms_norm_kernel[(rows,)](
+        x, residual if residual is not None else x, weight, out, summed if summed is not None else out,
+        n, scale, float(eps),
+        HAS_RES=residual is not None, CPU_ORDER=cpu, LIBDEVICE=not cpu,
+        VEC=vec, BW=bw, BH=bh, PASSES=passes, LOG_BW=bw.bit_length() - 1, LOG_BH=bh.bit_length() - 1,
+        CHUNK=chunk, num_warps=4 if bw * bh * vec <= 512 else 8, **_launch_opts(x))
+    return out, summed
+
+
+def row_sum_of_squares(x: torch.Tensor, order: str | None = None) -> torch.Tensor:
+    """Σ x² over the last axis in float32, in torch's CPU ("cpu") or CUDA ("cuda") summation
+    order (default: that of x's device): the reduction inside `rms_norm`, exposed for tests.
+    For "cuda", the plan is that of a `[rows, n]` reduction; raises ValueError where
+    `cuda_reduce_plan` has none."""
+    order = order or x.device.type
+    _check_device(x)
+    x = x.contiguous()
+    n = x.shape[-1]
+    rows = x.numel() // n
+    out = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if order == "cpu":
+        vec, bw, bh, passes = 1, 1, 1, 1
+    else:
+        plan = cuda_reduce_plan(rows, n)
+        if plan is None:
+            raise ValueError(f"ATen's reduction order over ({rows}, {n}) is not modelled")
+        vec, bw, bh, passes = plan
+    if rows:
+        _sumsq_kernel[(rows,)](x, out, n, CPU_ORDER=order == "cpu", VEC=vec, BW=bw, BH=bh, PASSES=passes,
+                               LOG_BW=bw.bit_length() - 1, LOG_BH=bh.bit_length() - 1,
+                               num_warps=4, **_launch_opts(x))
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`RMSNorm` (blockspec.layers.norm) in one launch: normalise in float32, cast to x's dtype,
+    times the weight (in the promoted dtype). Falls back to the eager code where the reduction
+    order is not reproduced (non-contiguous x, unmodelled CUDA launch configurations)."""
+    res = _rms_norm_launch(x, None, weight, eps)
+    return _rms_norm_eager(x, weight, eps) if res is None else res[0]
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(rms_norm(x + residual), x + residual)` in one launch, the sum rounded to x's dtype as
+    torch rounds it (x and residual of one shape and dtype, else the eager code runs)."""
+    res = _rms_norm_launch(x, residual, weight, eps)
+    if res is None:
+        summed = x + residual
+        return _rms_norm_eager(summed, weight, eps), summed
+    return res
+
+
+def _rope_view(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def apply_rope_qk(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor,
+                  sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`apply_rope(q, cos, sin), apply_rope(k, cos, sin)` in one launch: q `[B, T, Hq, D]`, k
+    `[B, T, Hk, D]` (or None), cos/sin `[B, T, D]` (broadcastable), all of one dtype."""
+    from blockspec.layers.rope import apply_rope as eager
+    tensors = [q, cos, sin] + ([k] if k is not None else [])
+    if (q.dim() != 4 or q.shape[-1] % 2 or any(t.dtype != q.dtype for t in tensors)
+            or (k is not None and (k.dim() != 4 or k.shape[:2] != q.shape[:2] or k.shape[-1] != q.shape[-1]))
+            or cos.shape != sin.shape or cos.dim() != 3):
+        return eager(q, cos, sin), (eager(k, cos, sin) if k is not None else None)
+    B, T, HQ, D = q.shape
+    try:
+        cos_b, sin_b = cos.expand(B, T, D), sin.expand(B, T, D)
+    except RuntimeError:
+        return eager(q, cos, sin), (eager(k, cos, sin) if k is not None else None)
+    _check_device(q)
+    q = _rope_view(q)
+    qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if k is not None:
+        k = _rope_view(k)
+        ko = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        kk, HK = k, k.shape[2]
+    else:
+        ko, kk, HK = qo, q, 1
+    if cos_b.stride(-1) != 1:
+        cos_b = cos_b.contiguous()
+    if sin_b.stride(-1) != 1:
+        sin_b = sin_b.contiguous()
+    if q.numel() == 0:
+        return qo, (ko if k is not None else None)
+    half = D // 2
+    _rope_kernel[(B * T,)](
+        q, qo, kk, ko, cos_b, sin_b, T, HQ, HK, half,
+        q.stride(0), q.stride(1), q.stride(2), qo.stride(0), qo.stride(1), qo.stride(2),
+        kk.stride(0), kk.stride(1), kk.stride(2), ko.stride(0), ko.stride(1), ko.stride(2),
+        cos_b.stride(0), cos_b.stride(1), sin_b.stride(0), sin_b.stride(1),
+        HAS_K=k is not None, BLOCK_HQ=triton.next_power_of_2(HQ), BLOCK_HK=triton.next_power_of_2(HK),
+        BLOCK_D=triton.next_power_of_2(half), num_warps=4, **_launch_opts(q))
+    return qo, (ko if k is not None else None)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`blockspec.layers.rope.apply_rope` in one launch: x `[B, T, H, D]`, cos/sin `[B, T, D]`."""
+    return apply_rope_qk(x, None, cos, sin)[0]
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """`silu(gate) * up` in one launch: silu in float32 rounded to gate's dtype, then the
+    product rounded to the promoted dtype (gate and up of one shape)."""
+    if gate.shape != up.shape or not gate.is_contiguous() or not up.is_contiguous():
+        return torch.nn.functional.silu(gate) * up
+    _check_device(gate)
+    out = torch.empty(gate.shape, dtype=torch.promote_types(gate.dtype, up.dtype), device=gate.device)
+    n = gate.numel()
+    if n == 0:
+        return out
+    block = 1024
+    _silu_mul_kernel[(triton.cdiv(n, block),)](gate, up, out, n, LIBDEVICE=gate.device.type != "cpu",
+                                               BLOCK=block, num_warps=4, **_launch_opts(gate))
+    return out

@@ -99,9 +99,10 @@ def _to_device(host: torch.Tensor, device) -> torch.Tensor:
 
 def decode_inputs(seqs, uniforms: torch.Tensor, page_size: int, device) -> StepInputs:
     """A decode/verify step: the roots at position num_cached of each row."""
-    host = torch.tensor([[s.num_cached, s.tokens[-1]] for s in seqs], dtype=torch.long)
+    # One copy of [lengths | roots], packed row-major so that each part is a contiguous view.
+    host = torch.tensor([[s.num_cached for s in seqs], [s.tokens[-1] for s in seqs]], dtype=torch.long)
     dev = _to_device(host, device)
-    return StepInputs(page_table_tensor(seqs, device), dev[:, 0], torch.ones_like(dev[:, 0]), dev[:, 1:2],
+    return StepInputs(page_table_tensor(seqs, device), dev[0], torch.ones_like(dev[0]), dev[1][:, None],
                       SamplingTensors.from_params([s.params for s in seqs], device),
                       _to_device(uniforms, device), page_size, seqs)
 
@@ -110,9 +111,9 @@ def prefill_inputs(seqs, chunk_lens: list[int], uniforms: torch.Tensor, page_siz
     """A prefill step: row b caches tokens num_cached … num_cached + chunk_lens[b] − 1."""
     width = max(chunk_lens)
     ids = [s.tokens[s.num_cached:s.num_cached + n] + [0] * (width - n) for s, n in zip(seqs, chunk_lens)]
-    lens = torch.tensor([[s.num_cached, n] for s, n in zip(seqs, chunk_lens)], dtype=torch.long)
+    lens = torch.tensor([[s.num_cached for s in seqs], chunk_lens], dtype=torch.long)
     lens = _to_device(lens, device)
-    return StepInputs(page_table_tensor(seqs, device), lens[:, 0], lens[:, 1],
+    return StepInputs(page_table_tensor(seqs, device), lens[0], lens[1],
                       _to_device(torch.tensor(ids, dtype=torch.long), device),
                       SamplingTensors.from_params([s.params for s in seqs], device),
                       _to_device(uniforms, device), page_size, seqs)

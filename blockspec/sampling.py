@@ -17,6 +17,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from blockspec.sampling_filters import filtered_probs_sortfree
+
 
 def _is_real(value: object) -> bool:
     """True for int/float-like numbers, False for bools (which Python treats as ints)."""
@@ -160,48 +162,17 @@ class SamplingTensors:
         )
 
 
-def _per_row(values: torch.Tensor, ndim: int) -> torch.Tensor:
-    """Reshape a [B] tensor to [B, 1, ..., 1] so it broadcasts over a rank-`ndim` tensor."""
-    return values.view(values.shape[0], *([1] * (ndim - 1)))
-
-
-def _masked_softmax(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Softmax over the kept entries only (the others get probability 0)."""
-    return torch.softmax(logits.masked_fill(~keep, float("-inf")), dim=-1)
-
-
 def filtered_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """The target distribution: logits [B, *, V] -> float32 probabilities [B, *, V].
 
     Filters apply in the order temperature -> top_k -> top_p -> min_p, each followed by a
     renormalisation (docs/verification.md); row b's settings broadcast over the middle dims. Greedy
-    rows give the one-hot of the first maximal logit. Everything happens in one descending
-    sort (stable, so ties keep vocabulary order), with masks built in sorted order.
+    rows give the one-hot of the first maximal logit; ties are ordered by vocabulary index (the
+    order of a stable descending sort). The top_p and min_p decisions are exact, on integer
+    weights, and no sort is done: see `blockspec.sampling_filters` for the precise definition
+    and for `filtered_probs_sorted`, the previous float32 sort-based implementation.
     """
-    ndim = logits.dim()
-    temperature = _per_row(st.temperature, ndim)
-    top_k = _per_row(st.top_k, ndim)
-    top_p = _per_row(st.top_p, ndim)
-    min_p = _per_row(st.min_p, ndim)
-    greedy = _per_row(st.greedy, ndim)
-
-    scaled = logits.float() / temperature
-    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
-    rank = torch.arange(scaled.shape[-1], device=scaled.device)
-
-    keep = (top_k <= 0) | (rank < top_k)
-    probs = _masked_softmax(sorted_logits, keep)
-    # Mass strictly before each token; top_p = 1 must keep everything even if rounding
-    # makes the tail's preceding mass reach 1.
-    mass_before = probs.cumsum(dim=-1) - probs
-    keep = keep & ((top_p >= 1.0) | (mass_before < top_p))
-    probs = _masked_softmax(sorted_logits, keep)
-    keep = keep & (probs >= min_p * probs[..., :1])
-    probs = _masked_softmax(sorted_logits, keep)
-
-    filtered = torch.zeros_like(probs).scatter_(-1, order, probs)
-    one_hot = torch.zeros_like(probs).scatter_(-1, scaled.argmax(dim=-1, keepdim=True), 1.0)
-    return torch.where(greedy, one_hot, filtered)
+    return filtered_probs_sortfree(logits, st)
 
 
 def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

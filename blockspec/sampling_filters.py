@@ -28,21 +28,23 @@ The definition (rows are [B, *, V] logits; row b's settings broadcast over the m
 
 How it differs from `filtered_probs_sorted` (the decision of this module, and why)
 --------------------------------------------------------------------------------
-The old code decided top_p with a float32 cumsum of float32 probabilities in sorted order and
-min_p with float32 renormalised probabilities. Those decisions depend on rounding that a
-sort-free algorithm cannot reproduce (it sums in another order), and at V ~ 150k the float32
-cumsum is itself far from the true mass: each of up to V additions rounds by up to 2**-25, and on
-CUDA (float32 scan) it is not even the same rounding as on CPU (float64 accumulator). So the
-definition was made exact instead: the keep set is a function of the float32 s and w alone, any
-correct implementation (this one, the sort-based oracle, another device) gives the same set
-bit for bit, and the old function is the same rule up to documented rounding:
+The old code decided top_p with a cumsum of float32 probabilities in sorted order and min_p
+with float32 renormalised probabilities. Those decisions depend on rounding that a sort-free
+algorithm cannot reproduce (it sums in another order), and at V ~ 150k that rounding is not
+small: the float32 softmax normaliser loses addends that are tiny against its running sum
+(measured on CPU at V = 151,936, T = 0.6: preceding masses up to 2e-5 too high, so tokens
+truly below top_p were dropped), and the cumsum accumulates in float64 on CPU but in float32
+on CUDA, so the old keep set was not even the same on both devices. So the definition was made
+exact instead: the keep set is a function of the float32 s and w alone, any correct
+implementation (this one, the sort-based oracle, another device) gives the same set bit for
+bit, and the old function is the same rule up to its rounding:
   - top_k: identical (both are pure comparisons; no rounding involved);
   - top_p: the two can differ only for a token whose true preceding mass lies within the old
-    code's float32 error of top_p (a few 1e-7 relative on CPU, more for long float32 scans on
-    CUDA), or within V * 2**-S (< 1e-8 of the largest weight) from the weight truncation;
+    code's float32 error of top_p (above), or within V * 2**-S (< 1e-8 of the largest weight)
+    of it from the weight truncation;
   - min_p: only where w_j is within a few float32 ulps of min_p.
 The probabilities on the kept set agree to float32 rounding (the final softmax sums in
-vocabulary order instead of sorted order, a difference of an ulp or two).
+vocabulary order instead of sorted order: a few ulps, under 1e-6 relative in the tests).
 
 The algorithm
 -------------
@@ -96,7 +98,7 @@ def filtered_probs_sorted(logits: torch.Tensor, st: SamplingTensors) -> torch.Te
     """The previous implementation, kept as a reference: logits [B, *, V] -> float32 [B, *, V].
 
     Filters apply in the order temperature -> top_k -> top_p -> min_p, each followed by a
-    renormalisation (REFERENCE §3); row b's settings broadcast over the middle dims. Greedy
+    renormalisation (docs/verification.md); row b's settings broadcast over the middle dims. Greedy
     rows give the one-hot of the first maximal logit. Everything happens in one descending
     sort (stable, so ties keep vocabulary order), with masks built in sorted order. The top_p
     and min_p decisions use float32 masses, so they agree with the exact definition of this
@@ -156,7 +158,9 @@ def _order_key(s: torch.Tensor) -> torch.Tensor:
 
 def _weights(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(w, W): float32 w = exp(s - max s) and int64 W = floor(w * 2**S), both [R, V]."""
-    w = torch.exp(s - s.amax(dim=-1, keepdim=True))
+    top = s.amax(dim=-1, keepdim=True)
+    # A row without a finite logit would give NaN weights; make them 0 (its result is NaN anyway).
+    w = torch.exp(s - torch.where(top == float("-inf"), 0.0, top))
     # w <= 1, so scaling by a power of two is exact in float32 and truncation is the floor.
     return w, (w * float(2 ** weight_scale_bits(s.shape[-1]))).long()
 
@@ -190,7 +194,7 @@ def _top_p_limit(top_p: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
         high >> shift_down,
         (high << shift_up) + (low >> e.clamp(0, 63)),
     )
-    return torch.where(top_p >= 1.0, _NO_LIMIT, limit)
+    return torch.where(top_p >= 1.0, _NO_LIMIT, limit.clamp(min=0))  # total 0: no finite logit
 
 
 def _finish(s: torch.Tensor, keep: torch.Tensor, greedy: torch.Tensor, shape) -> torch.Tensor:
@@ -273,6 +277,7 @@ class _RadixDigits:
             # not increase with b; t lies in the first bucket where it is <= limit.
             rest = above + cumulative[:, -1:]
             bucket = (cumulative < rest - limit).sum(dim=-1, keepdim=True)
+            bucket.clamp_(max=(1 << width) - 1)  # a no-op unless NaN/inf logits broke the sums
             above = rest - cumulative.gather(-1, bucket)
             prefix = (prefix << width) + bucket
         return prefix - 2**31, above
@@ -291,9 +296,7 @@ def _radix_widths(vocab: int) -> tuple[int, ...]:
 # The implementations of the exact definition
 
 
-def _keep_mask_sortfree(
-    s: torch.Tensor, top_k, top_p, min_p, method: str
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _keep_mask_sortfree(s: torch.Tensor, top_k, top_p, min_p, method: str) -> torch.Tensor:
     """The kept tokens of [R, V] scaled logits, by selection; settings are [R, 1]."""
     vocab = s.shape[-1]
     key = _order_key(s)

@@ -27,6 +27,7 @@ class TritonBackend(AttentionBackend):
         batch = plan.batch
         cache.write(layer, batch.slots, k, v)
         kind, new_mask = plan.extra
-        return paged_attention(q, cache.k[layer], cache.v[layer], batch.page_table, batch.prefix_lens,
-                               batch.new_lens, scale, cache.page_size, kind, new_mask,
-                               plan.sliding_window, plan.positions)
+        # The kernel indexes these by row with unit stride: views of packed host copies are not.
+        return paged_attention(q, cache.k[layer], cache.v[layer], batch.page_table.contiguous(),
+                               batch.prefix_lens.contiguous(), batch.new_lens.contiguous(), scale, cache.page_size,
+                               kind, new_mask, plan.sliding_window, plan.positions)

@@ -211,29 +211,40 @@ def _num_sms(device: torch.device) -> int:
     return _DEFAULT_SMS
 
 
-def _config(q_len: int, g_pad: int, head_dim: int, on_cuda: bool) -> tuple[int, int, int, int]:
-    """BLOCK_M, BLOCK_N, num_warps, num_stages."""
+def _config(q_len: int, g_pad: int, head_dim: int, on_cuda: bool, elem_size: int = 2) -> tuple[int, int, int, int]:
+    """BLOCK_M, BLOCK_N, num_warps, num_stages.
+
+    Picked on an H200 (bf16, D 128, Triton 3.6; see bench/triton_attention_gpu.py): decode tiles
+    (M 16) like long key blocks, M 64 short ones, M 128 long ones with 8 warps. 4-byte inputs
+    and D > 128 use smaller key blocks to stay within shared memory.
+    """
     cap = 128 if head_dim <= 128 else 64
     block_m = max(16, g_pad, min(cap, triton.next_power_of_2(q_len * g_pad)))
-    block_n = 64 if head_dim <= 128 else 32
     if not on_cuda:
-        return block_m, block_n, 1, 1
-    num_warps = 8 if block_m >= 128 else 4
-    return block_m, block_n, num_warps, 2
+        return block_m, 64, 1, 1
+    if head_dim > 128:
+        return block_m, 32, 4 if block_m <= 64 else 8, 2
+    if elem_size > 2:
+        return block_m, 64 if block_m <= 64 else 32, 4 if block_m <= 64 else 8, 2
+    if block_m <= 32:
+        return block_m, 128, 4, 2
+    if block_m <= 64:
+        return block_m, 32, 4, 2
+    return block_m, 128, 8, 3
 
 
-def choose_num_splits(batch: int, kv_heads: int, q_tiles: int, max_keys: int, block_n: int,
-                      q_len: int, num_sms: int = _DEFAULT_SMS) -> int:
+def choose_num_splits(batch: int, kv_heads: int, q_tiles: int, max_keys: int, q_len: int,
+                      num_sms: int = _DEFAULT_SMS) -> int:
     """Key splits so that a short-Q launch fills ~2 waves of SMs; 1 for long Q or short contexts.
 
-    `max_keys` is the page-table capacity (P · page_size), a static bound: no host sync.
+    `max_keys` is the page-table capacity (P · page_size), a static bound: no host sync. A split
+    gets at least ~256 keys, at most 64 splits.
     """
     if q_len > 256:
         return 1
     programs = batch * kv_heads * q_tiles
     want = triton.cdiv(2 * num_sms, max(programs, 1))
-    by_keys = max(1, max_keys // (4 * block_n))          # at least ~4 blocks of keys per split
-    return int(max(1, min(want, by_keys, 64)))
+    return int(max(1, min(want, max_keys // 256, 64)))
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -258,12 +269,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     G = HQ // HKV
     g_pad = triton.next_power_of_2(G)
     on_cuda = q.device.type == "cuda"
-    block_m, block_n, num_warps, num_stages = _config(Q, g_pad, D, on_cuda)
+    block_m, block_n, num_warps, num_stages = _config(Q, g_pad, D, on_cuda, q.element_size())
     block_q = block_m // g_pad
     q_tiles = triton.cdiv(Q, block_q)
     P = page_table.shape[1]
     if num_splits is None:
-        num_splits = choose_num_splits(B, HKV, q_tiles, P * page_size, block_n, Q, _num_sms(q.device))
+        num_splits = choose_num_splits(B, HKV, q_tiles, P * page_size, Q, _num_sms(q.device))
     num_splits = max(1, int(num_splits))
 
     mode = MASK_MODES[mask_mode]
@@ -313,11 +324,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 def auto_num_splits(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor, page_size: int) -> int:
     """The split count `paged_attention` picks when `num_splits` is None (for benchmarks/logging)."""
     B, Q, HQ, D = q.shape
-    HKV = k_cache.shape[1]
-    g_pad = triton.next_power_of_2(HQ // HKV)
-    block_m, block_n, _, _ = _config(Q, g_pad, D, q.device.type == "cuda")
+    g_pad = triton.next_power_of_2(HQ // k_cache.shape[1])
+    block_m = _config(Q, g_pad, D, q.device.type == "cuda", q.element_size())[0]
     q_tiles = triton.cdiv(Q, block_m // g_pad)
-    return choose_num_splits(B, HKV, q_tiles, page_table.shape[1] * page_size, block_n, Q, _num_sms(q.device))
+    return choose_num_splits(B, k_cache.shape[1], q_tiles, page_table.shape[1] * page_size, Q, _num_sms(q.device))
 
 
 __all__ = ["paged_attention", "choose_num_splits", "auto_num_splits", "MASK_MODES"]

@@ -89,6 +89,8 @@ def random_target(raw: dict, dtype: torch.dtype, device: torch.device, backend, 
         model.lm_head.weight = model.model.embed_tokens.weight
     _randomize(model, seed)
     model.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim).to(device)
+    if device.type == "cuda":
+        model.merge_projections()           # as the engine does on CUDA
     return model.eval()
 
 
@@ -183,6 +185,24 @@ class StepHarness:
         inputs = decode_inputs(self.seqs, self.uniforms, self.cache.page_size, self.device)
         return self.spec_step.run(self.runner, inputs, self.graphed)
 
+    def profile(self, steps: int = 3, top: int = 25) -> list[dict]:
+        """Where a step's GPU time goes: kernels by total device time over `steps` steps (each
+        kernel's own time; launch gaps are the difference to the wall time)."""
+        from torch.profiler import ProfilerActivity, profile
+        self.step()
+        _sync(self.device)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                self.step()
+            _sync(self.device)
+        rows = []
+        for ev in prof.key_averages():
+            device_us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+            if device_us and ev.key and not ev.key.startswith(("aten::", "cuda", "ProfilerStep")):
+                rows.append({"kernel": ev.key[:120], "us_per_step": device_us / steps, "calls_per_step": ev.count / steps})
+        rows.sort(key=lambda r: -r["us_per_step"])
+        return rows[:top]
+
     def time_ms(self, iters: int, warmup: int = 3) -> float:
         for _ in range(warmup):
             self.step()
@@ -242,6 +262,7 @@ class StepBenchConfig:
     temperatures: list[float] = field(default_factory=lambda: [0.0, 0.6])
     iters: int = 20
     graphs: bool = True
+    profile: bool = False           # kernel table of the batch-1 decode and verify steps (eager)
     attention_backend: str = "auto"
     output: str | None = None
 
@@ -267,9 +288,17 @@ def run_step_bench(cfg: StepBenchConfig, log=print) -> dict:
 
     figures: list[StepFigure] = []
 
+    profiles = {}
+
     def measure(name, batch, proposer, temperature, floor_bytes, drafter=None):
         harness = StepHarness(model, batch, cfg.context, proposer, temperature, cfg.graphs, drafter=drafter)
         ms = harness.time_ms(cfg.iters)
+        if cfg.profile and device.type == "cuda" and batch == 1 and temperature == 0:
+            eager = StepHarness(model, batch, cfg.context, proposer, temperature, False, drafter=drafter)
+            kernels = eager.profile()
+            profiles[name] = {"eager_ms": eager.time_ms(cfg.iters),
+                              "kernel_us_sum": sum(k["us_per_step"] for k in kernels), "top_kernels": kernels}
+            del eager
         fl = floor_ms(floor_bytes)
         fig = StepFigure(name, batch, harness.width, ms, fl, ms / fl, harness.capture_s)
         figures.append(fig)
@@ -308,7 +337,7 @@ def run_step_bench(cfg: StepBenchConfig, log=print) -> dict:
             derived[f"t0.6_over_t0_batch{batch}"] = warm.ms / cold.ms
     for key, value in derived.items():
         log(f"{key}: {value:.3f}")
-    result = {"config": asdict(cfg), "derived": derived, "copy_bandwidth_bytes_per_s": bandwidth, "weight_bytes": weights,
+    result = {"config": asdict(cfg), "derived": derived, "profiles": profiles, "copy_bandwidth_bytes_per_s": bandwidth, "weight_bytes": weights,
               "drafter_bytes": drafter_bytes, "kv_bytes_per_token": kv_per_token,
               "figures": [asdict(f) for f in figures]}
     if cfg.output:

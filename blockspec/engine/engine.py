@@ -57,6 +57,8 @@ class Engine:
         self.attention_backend = select_backend(config.attention_backend, self.device)
         self.model_config = load_config(config.model)
         self.model = load_target(config.model, config.dtype, self.device, self.attention_backend)
+        if self.device.type == "cuda":
+            self.model.merge_projections()      # one product for q/k/v (layers/linear.py)
         self.tokenizer = Tokenizer.load(config.model)
         self.model_name = Path(config.model).name
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings

@@ -14,8 +14,10 @@ Exactness means reproducing every rounding point of the eager code, not only its
   elementwise add or a sum over an axis of two, so neither Triton's nor NumPy's own reduction
   order enters. CUDA's order depends on the number of rows (ATen picks its launch
   configuration from the output count); `cuda_reduce_plan` reproduces that choice and answers
-  None for configurations it does not model, where the eager path runs instead (also for
-  non-contiguous inputs, whose reduction ATen lays out differently).
+  None for configurations it does not model, where the eager path runs instead (so do views
+  whose rows are not in row-major order, e.g. transposed ones: torch's `pow(2)` keeps their
+  layout and its reduction runs in another order; row-major views with gaps between rows, like
+  the q/k halves of a merged projection, are read in place).
 * rsqrt is libdevice's (the `rsqrtf` torch's CUDA kernel calls) on CUDA, and 1/sqrt, as torch's
   CPU kernel computes it, under the interpreter; silu's exp is libdevice's `expf` on CUDA.
 
@@ -28,23 +30,23 @@ CUDA kernels bit for bit in every dtype; `bench/triton_ops_gpu.py` checks that.
 
 from __future__ import annotations
 
-import os
+import functools
+import math
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 try:  # dispatches to the CUDA or HIP library when a kernel is compiled
     from triton.language.extra import libdevice
 except ImportError:  # pragma: no cover - very old triton
     libdevice = None
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-# torch's CPU sum (aten/src/ATen/native/cpu/SumKernel.cpp): rows of Vectorized<float> (8 lanes
-# with AVX2 and with the AVX512 build of that kernel alike), four of them at a time (ilp), in a
-# cascade of 4 levels of 16.
-_CPU_LANES = 8
+# torch's CPU sum (aten/src/ATen/native/cpu/SumKernel.cpp), which `_sumsq_cpu` follows, runs
+# over rows of Vectorized<float>: 8 lanes (x86-64, AVX2 and the AVX512 build alike), four rows
+# at a time (ilp), in a cascade of 4 levels of 16.
 # ATen's reduction (aten/src/ATen/native/cuda/Reduce.cuh) for float: 512 threads at most, warps
 # of 32, four accumulators (vt0), four-wide input vectors.
 _CUDA_MAX_THREADS = 512
@@ -95,12 +97,13 @@ def cuda_reduce_plan(rows: int, n: int) -> tuple[int, int, int, int] | None:
 
 
 @triton.jit
-def _row_values(x_row, r_row, offs, mask, HAS_RES: tl.constexpr):
-    """The row's values as float32: x, or (x + residual) rounded to x's dtype first."""
-    x = tl.load(x_row + offs, mask=mask, other=0.0)
+def _row_values(x_ptr, r_ptr, x_off, r_off, cols, mask, HAS_RES: tl.constexpr):
+    """Columns `cols` of the rows at element offsets x_off (r_off in the residual), as float32:
+    x, or (x + residual) rounded to x's dtype first."""
+    x = tl.load(x_ptr + x_off + cols, mask=mask, other=0.0)
     if HAS_RES:
-        r = tl.load(r_row + offs, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_row.dtype.element_ty)
+        r = tl.load(r_ptr + r_off + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
     return x.to(tl.float32)
 
 
@@ -111,16 +114,18 @@ def _pick(v, lane, i, AXIS: tl.constexpr):
 
 
 @triton.jit
-def _sumsq_cpu(x_row, r_row, N, HAS_RES: tl.constexpr):
-    """Σ v² in the order of torch's CPU `sum` (SumKernel.cpp `vectorized_inner_sum`):
-    `multi_row_sum` over rows of 4 × 8 lanes with its 4-level cascade (level step 16),
-    then the leftover 8-lane vectors into ilp row 0, ilp rows 1..3 into row 0, and finally a
-    scalar running sum of the leftover elements and then of the 8 lanes."""
-    lane32 = tl.arange(0, 32)
-    lane8 = tl.arange(0, 8)
+def _sumsq_cpu(x_ptr, r_ptr, x_off, r_off, row_ok, N, HAS_RES: tl.constexpr, ROWS: tl.constexpr):
+    """Σ v² of ROWS rows (`x_off`, `r_off`: `[ROWS, 1]` element offsets) in the order of torch's CPU
+    `sum` (SumKernel.cpp `vectorized_inner_sum`): `multi_row_sum` over rows of 4 × 8 lanes with
+    its 4-level cascade (level step 16), then the leftover 8-lane vectors into ilp row 0, ilp
+    rows 1..3 into row 0, and last a scalar running sum of the leftover elements and then of
+    the 8 lanes."""
+    lane32 = tl.arange(0, 32)[None, :]
+    lane8 = tl.arange(0, 8)[None, :]
+    ok32 = row_ok & (lane32 < 32)
     nvec = N // 8
     nrow = nvec // 4
-    zero = tl.zeros([32], dtype=tl.float32)
+    zero = tl.zeros([ROWS, 32], dtype=tl.float32)
     acc0 = zero
     acc1 = zero
     acc2 = zero
@@ -128,7 +133,7 @@ def _sumsq_cpu(x_row, r_row, N, HAS_RES: tl.constexpr):
     nchunk = nrow // 16
     for c in range(nchunk):
         for j in range(16):
-            v = _row_values(x_row, r_row, (c * 16 + j) * 32 + lane32, lane32 < 32, HAS_RES)
+            v = _row_values(x_ptr, r_ptr, x_off, r_off, ((c * 16 + j) * 32 + lane32), ok32, HAS_RES)
             acc0 = acc0 + v * v
         i = (c + 1) * 16
         acc1 = acc1 + acc0
@@ -140,81 +145,94 @@ def _sumsq_cpu(x_row, r_row, N, HAS_RES: tl.constexpr):
         acc3 = tl.where(up3, acc3 + acc2, acc3)
         acc2 = tl.where(up3, zero, acc2)
     for rr in range(nchunk * 16, nrow):
-        v = _row_values(x_row, r_row, rr * 32 + lane32, lane32 < 32, HAS_RES)
+        v = _row_values(x_ptr, r_ptr, x_off, r_off, (rr * 32 + lane32), ok32, HAS_RES)
         acc0 = acc0 + v * v
     acc0 = acc0 + acc1
     acc0 = acc0 + acc2
     acc0 = acc0 + acc3
-    # acc0[8k + l] is ilp row k, lane l.
-    rows = tl.reshape(acc0, [4, 8])
-    ilp = tl.arange(0, 4)[:, None]
-    p0 = _pick(rows, ilp, 0, 0)
+    # acc0[:, 8k + l] is ilp row k, lane l.
+    ilps = tl.reshape(acc0, [ROWS, 4, 8])
+    ilp = tl.arange(0, 4)[None, :, None]
+    p0 = _pick(ilps, ilp, 0, 1)
     for vv in range(nrow * 4, nvec):
-        v = _row_values(x_row, r_row, vv * 8 + lane8, lane8 < 8, HAS_RES)
+        v = _row_values(x_ptr, r_ptr, x_off, r_off, (vv * 8 + lane8), row_ok & (lane8 < 8), HAS_RES)
         p0 = p0 + v * v
-    p0 = p0 + _pick(rows, ilp, 1, 0)
-    p0 = p0 + _pick(rows, ilp, 2, 0)
-    p0 = p0 + _pick(rows, ilp, 3, 0)
-    total = tl.sum(tl.zeros([8], dtype=tl.float32), axis=0)     # float32 zero scalar
+    p0 = p0 + _pick(ilps, ilp, 1, 1)
+    p0 = p0 + _pick(ilps, ilp, 2, 1)
+    p0 = p0 + _pick(ilps, ilp, 3, 1)
+    total = tl.zeros([ROWS], dtype=tl.float32)
     for k in range(nvec * 8, N):
-        v = _row_values(x_row, r_row, k + lane8 * 0, lane8 == 0, HAS_RES)
-        total = total + tl.sum(v * v, axis=0)                   # one value and zeros
+        v = _row_values(x_ptr, r_ptr, x_off, r_off, (k + lane8 * 0), row_ok & (lane8 == 0), HAS_RES)
+        total = total + tl.sum(v * v, axis=1)                   # one value and zeros
     for l in tl.static_range(8):
-        total = total + _pick(p0, lane8, l, 0)
+        total = total + _pick(p0, lane8, l, 1)
     return total
 
 
 @triton.jit
-def _sumsq_cuda(x_row, r_row, N, HAS_RES: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr,
-                BH: tl.constexpr, PASSES: tl.constexpr, LOG_BW: tl.constexpr, LOG_BH: tl.constexpr):
-    """Σ v² in the order of ATen's CUDA reduction for the plan `cuda_reduce_plan` gave
-    (Reduce.cuh: `input_vectorized_thread_reduce_impl` / `thread_reduce_impl`,
+def _sumsq_cuda(x_ptr, r_ptr, x_off, r_off, row_ok, N, HAS_RES: tl.constexpr, ROWS: tl.constexpr,
+                VEC: tl.constexpr, BW: tl.constexpr, BH: tl.constexpr, PASSES: tl.constexpr,
+                LOG_BW: tl.constexpr, LOG_BH: tl.constexpr):
+    """Σ v² of ROWS rows in the order of ATen's CUDA reduction for the plan `cuda_reduce_plan`
+    gave (Reduce.cuh: `input_vectorized_thread_reduce_impl` / `thread_reduce_impl`,
     `block_y_reduce`, `block_x_reduce`)."""
     S: tl.constexpr = BW * BH
     if VEC == 4:
-        offs = tl.arange(0, S * 4)          # thread offs // 4, vector lane offs % 4
-        acc = tl.zeros([S * 4], dtype=tl.float32)
-        for j in range(PASSES):
+        offs = tl.arange(0, S * 4)[None, :]     # thread offs // 4, vector lane offs % 4
+        acc = tl.zeros([ROWS, S * 4], dtype=tl.float32)
+        for j in tl.static_range(PASSES):       # unrolled: the loads can all be in flight
             o = j * (S * 4) + offs
-            v = _row_values(x_row, r_row, o, o < N, HAS_RES)
+            v = _row_values(x_ptr, r_ptr, x_off, r_off, o, row_ok & (o < N), HAS_RES)
             acc = acc + v * v
-        lanes = tl.reshape(acc, [S, 4])
-        lane = tl.arange(0, 4)[None, :]
-        t = _pick(lanes, lane, 0, 1) + _pick(lanes, lane, 1, 1)
-        t = t + _pick(lanes, lane, 2, 1)
-        t = t + _pick(lanes, lane, 3, 1)
+        lanes = tl.reshape(acc, [ROWS, S, 4])
+        lane = tl.arange(0, 4)[None, None, :]
+        t = _pick(lanes, lane, 0, 2) + _pick(lanes, lane, 1, 2)
+        t = t + _pick(lanes, lane, 2, 2)
+        t = t + _pick(lanes, lane, 3, 2)
     else:
-        offs = tl.arange(0, S)
-        a0 = tl.zeros([S], dtype=tl.float32)
+        offs = tl.arange(0, S)[None, :]
+        a0 = tl.zeros([ROWS, S], dtype=tl.float32)
         a1 = a0
         a2 = a0
         a3 = a0
-        for k in range(0, PASSES, 4):       # step k of a thread goes to accumulator k % 4
+        for k in tl.static_range(0, PASSES, 4):  # step k of a thread goes to accumulator k % 4
             o = k * S + offs
-            v = _row_values(x_row, r_row, o, o < N, HAS_RES)
+            v = _row_values(x_ptr, r_ptr, x_off, r_off, o, row_ok & (o < N), HAS_RES)
             a0 = a0 + v * v
             o = o + S
-            v = _row_values(x_row, r_row, o, o < N, HAS_RES)
+            v = _row_values(x_ptr, r_ptr, x_off, r_off, o, row_ok & (o < N), HAS_RES)
             a1 = a1 + v * v
             o = o + S
-            v = _row_values(x_row, r_row, o, o < N, HAS_RES)
+            v = _row_values(x_ptr, r_ptr, x_off, r_off, o, row_ok & (o < N), HAS_RES)
             a2 = a2 + v * v
             o = o + S
-            v = _row_values(x_row, r_row, o, o < N, HAS_RES)
+            v = _row_values(x_ptr, r_ptr, x_off, r_off, o, row_ok & (o < N), HAS_RES)
             a3 = a3 + v * v
         t = ((a0 + a1) + a2) + a3
-    # t[x + y·BW]. block_y_reduce: thread y takes y + BH/2, then y + BH/4, …
-    t = tl.reshape(t, [BH, BW])
+    # t[:, x + y·BW]. block_y_reduce: thread y takes y + BH/2, then y + BH/4, ...
+    t = tl.reshape(t, [ROWS, BH, BW])
     for lvl in tl.static_range(LOG_BH):
-        t = tl.sum(tl.reshape(t, [2, BH >> (lvl + 1), BW]), axis=0)
-    t = tl.reshape(t, [BW])
-    # block_x_reduce: halving in shared memory down to a warp, then shfl_down by 1, 2, 4, …
+        t = tl.sum(tl.reshape(t, [ROWS, 2, BH >> (lvl + 1), BW]), axis=1)
+    t = tl.reshape(t, [ROWS, BW])
+    # block_x_reduce: halving in shared memory down to a warp, then shfl_down by 1, 2, 4, ...
     for lvl in tl.static_range(LOG_BW):
         if (BW >> lvl) > 32:
-            t = tl.sum(tl.reshape(t, [2, BW >> (lvl + 1)]), axis=0)
+            t = tl.sum(tl.reshape(t, [ROWS, 2, BW >> (lvl + 1)]), axis=1)
         else:
-            t = tl.sum(tl.reshape(t, [BW >> (lvl + 1), 2]), axis=1)
-    return tl.sum(t, axis=0)
+            t = tl.sum(tl.reshape(t, [ROWS, BW >> (lvl + 1), 2]), axis=2)
+    return tl.sum(t, axis=1)
+
+
+@triton.jit
+def _sumsq(x_ptr, r_ptr, x_off, r_off, row_ok, N, HAS_RES: tl.constexpr, ROWS: tl.constexpr,
+           CPU_ORDER: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr, BH: tl.constexpr,
+           PASSES: tl.constexpr, LOG_BW: tl.constexpr, LOG_BH: tl.constexpr):
+    if CPU_ORDER:
+        ss = _sumsq_cpu(x_ptr, r_ptr, x_off, r_off, row_ok, N, HAS_RES, ROWS)
+    else:
+        ss = _sumsq_cuda(x_ptr, r_ptr, x_off, r_off, row_ok, N, HAS_RES, ROWS, VEC, BW, BH, PASSES,
+                         LOG_BW, LOG_BH)
+    return ss
 
 
 # ----------------------------------------------------------------------------------------------
@@ -222,45 +240,51 @@ def _sumsq_cuda(x_row, r_row, N, HAS_RES: tl.constexpr, VEC: tl.constexpr, BW: t
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, N, scale, eps,
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, R, R2, N, sx1, sx2, sr1, sr2, scale, eps,
                      HAS_RES: tl.constexpr, CPU_ORDER: tl.constexpr, LIBDEVICE: tl.constexpr,
-                     VEC: tl.constexpr, BW: tl.constexpr, BH: tl.constexpr, PASSES: tl.constexpr,
-                     LOG_BW: tl.constexpr, LOG_BH: tl.constexpr, CHUNK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * N
-    r_row = res_ptr + row * N
+                     ROWS: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr, BH: tl.constexpr,
+                     PASSES: tl.constexpr, LOG_BW: tl.constexpr, LOG_BH: tl.constexpr,
+                     CHUNK: tl.constexpr):
+    """Rows r = (r // R2, r % R2) of x (strides sx1, sx2; the last axis contiguous) and of the
+    residual (sr1, sr2); outputs contiguous."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = (rows < R)[:, None]
+    r64 = rows.to(tl.int64)
+    x_off = ((r64 // R2) * sx1 + (r64 % R2) * sx2)[:, None]
+    r_off = ((r64 // R2) * sr1 + (r64 % R2) * sr2)[:, None]
+    o_off = r64[:, None] * N
+    ss = _sumsq(x_ptr, res_ptr, x_off, r_off, row_ok, N, HAS_RES, ROWS, CPU_ORDER, VEC, BW, BH,
+                PASSES, LOG_BW, LOG_BH)
     if CPU_ORDER:   # torch CPU: sum, then divide by N
-        ss = _sumsq_cpu(x_row, r_row, N, HAS_RES)
         mean = tl.div_rn(ss, scale)
-    else:           # torch CUDA: MeanOps, sum times the float factor 1/N
-        ss = _sumsq_cuda(x_row, r_row, N, HAS_RES, VEC, BW, BH, PASSES, LOG_BW, LOG_BH)
+    else:           # torch CUDA: MeanOps, the sum times the float factor 1/N
         mean = ss * scale
     var = mean + eps
     if LIBDEVICE:
         inv = libdevice.rsqrt(var)
     else:
         inv = tl.math.rsqrt(var)
+    inv = inv[:, None]
     for start in range(0, N, CHUNK):
-        offs = start + tl.arange(0, CHUNK)
-        mask = offs < N
-        v = _row_values(x_row, r_row, offs, mask, HAS_RES)
+        cols = start + tl.arange(0, CHUNK)[None, :]
+        mask = row_ok & (cols < N)
+        v = _row_values(x_ptr, res_ptr, x_off, r_off, cols, mask, HAS_RES)
         if HAS_RES:
-            tl.store(sum_ptr + row * N + offs, v.to(sum_ptr.dtype.element_ty), mask=mask)
+            tl.store(sum_ptr + o_off + cols, v.to(sum_ptr.dtype.element_ty), mask=mask)
         y = (v * inv).to(x_ptr.dtype.element_ty).to(tl.float32)
-        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * N + offs, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
+        w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        tl.store(out_ptr + o_off + cols, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _sumsq_kernel(x_ptr, out_ptr, N, CPU_ORDER: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr,
-                  BH: tl.constexpr, PASSES: tl.constexpr, LOG_BW: tl.constexpr, LOG_BH: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * N
-    if CPU_ORDER:
-        ss = _sumsq_cpu(x_row, x_row, N, False)
-    else:
-        ss = _sumsq_cuda(x_row, x_row, N, False, VEC, BW, BH, PASSES, LOG_BW, LOG_BH)
-    tl.store(out_ptr + row, ss)
+def _sumsq_kernel(x_ptr, out_ptr, R, N, CPU_ORDER: tl.constexpr, ROWS: tl.constexpr,
+                  VEC: tl.constexpr, BW: tl.constexpr, BH: tl.constexpr, PASSES: tl.constexpr,
+                  LOG_BW: tl.constexpr, LOG_BH: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    off = rows.to(tl.int64)[:, None] * N
+    ss = _sumsq(x_ptr, x_ptr, off, off, (rows < R)[:, None], N, False, ROWS, CPU_ORDER, VEC, BW, BH,
+                PASSES, LOG_BW, LOG_BH)
+    tl.store(out_ptr + rows, ss, mask=rows < R)
 
 
 @triton.jit
@@ -307,11 +331,13 @@ def _rope_kernel(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, T, HQ, HK, half
 
 
 @triton.jit
-def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0)
-    u = tl.load(u_ptr + offs, mask=mask, other=0.0)
+def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, sg, su, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
+    """Row `program_id(0)` (gate/up row strides sg, su; output contiguous), a block of columns."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    g = tl.load(g_ptr + row * sg + cols, mask=mask, other=0.0)
+    u = tl.load(u_ptr + row * su + cols, mask=mask, other=0.0)
     gf = g.to(tl.float32)
     if LIBDEVICE:
         e = libdevice.exp(-gf)
@@ -319,7 +345,11 @@ def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, LIBDEVICE: tl.constexpr, BLOCK: tl.
         e = tl.exp(-gf)
     act = tl.div_rn(gf, 1.0 + e).to(g.dtype)                 # silu(gate), in gate's dtype
     out = act.to(tl.float32) * u.to(tl.float32)
-    tl.store(o_ptr + offs, out.to(o_ptr.dtype.element_ty), mask=mask)
+    tl.store(o_ptr + row * n + cols, out.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+# Whether the kernels above were defined under TRITON_INTERPRET=1 (CPU tensors) or compiled (CUDA).
+INTERPRETED = isinstance(_rms_norm_kernel, InterpretedFunction)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,44 +370,89 @@ def _launch_opts(t: torch.Tensor) -> dict:
     return {} if t.device.type == "cpu" else {"enable_fp_fusion": False}
 
 
+@functools.lru_cache(maxsize=1024)
+def _mean_factor(rows: int, n: int) -> float:
+    """ATen's `mean_kernel_impl` factor: `float(num_outputs) / numel`, numel converted to float."""
+    return float(np.float32(rows) / np.float32(rows * n))
+
+
+@functools.lru_cache(maxsize=1024)
+def _sumsq_config(rows: int, n: int, order: str):
+    """(rows a program, the reduction's constexprs, num_warps) for `order` ("cpu": torch's CPU
+    order, "cuda": ATen's CUDA order for this many rows), or None where not modelled."""
+    if order == "cpu":
+        block_rows = min(triton.next_power_of_2(rows), 32)     # the interpreter: amortise its ops
+        return block_rows, dict(CPU_ORDER=True, ROWS=block_rows, VEC=1, BW=1, BH=1, PASSES=1,
+                                LOG_BW=0, LOG_BH=0), 4
+    plan = cuda_reduce_plan(rows, n)
+    if plan is None:
+        return None
+    vec, bw, bh, passes = plan
+    per_row = bw * bh * vec                                      # elements a row loads per pass
+    block_rows = max(1, min(triton.next_power_of_2(rows), 1024 // per_row))
+    num_warps = 8 if block_rows * per_row >= 2048 else 4
+    return block_rows, dict(CPU_ORDER=False, ROWS=block_rows, VEC=vec, BW=bw, BH=bh, PASSES=passes,
+                            LOG_BW=bw.bit_length() - 1, LOG_BH=bh.bit_length() - 1), num_warps
+
+
 def _rms_norm_eager(x, weight, eps):
     from blockspec.layers.norm import rms_norm_reference
     return rms_norm_reference(x, weight, eps)
 
 
+def _row_layouts(tensors, n: int):
+    """`(R2, [(s1, s2) per tensor])`: the leading axes of same-shape tensors as rows
+    `(r // R2, r % R2)` at element offset `(r // R2)·s1 + (r % R2)·s2`, last axis contiguous,
+    rows in row-major order without overlap (then torch's `pow(2)` of such a view comes out
+    contiguous, so its reduction runs as for a contiguous tensor); None if there is no such
+    split (permuted views, say), for which the eager code runs."""
+    lead = tensors[0].shape[:-1]
+    if any(t.stride(-1) != 1 and n > 1 for t in tensors):
+        return None
+    for k in range(len(lead) + 1):
+        r1, r2 = math.prod(lead[:k]), math.prod(lead[k:])
+        try:
+            views = [t.view(r1, r2, n) for t in tensors]
+        except RuntimeError:
+            continue
+        strides = [(v.stride(0), v.stride(1)) for v in views]
+        if all((r2 == 1 or s2 >= n) and (r1 == 1 or s1 >= max(r2 * s2, n)) for s1, s2 in strides):
+            return r2, strides
+    return None
+
+
 def _rms_norm_launch(x, residual, weight, eps):
     """(normed, summed or None), or None when the eager path must run (see module doc)."""
     n = x.shape[-1]
-    if (not x.is_contiguous() or weight.dim() != 1 or weight.shape[0] != n
-            or not weight.is_contiguous() or x.dtype not in (torch.float32, torch.float16, torch.bfloat16)):
+    if (x.dim() == 0 or weight.dim() != 1 or weight.shape[0] != n or not weight.is_contiguous()
+            or x.dtype not in (torch.float32, torch.float16, torch.bfloat16)):
         return None
-    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
-                                 or not residual.is_contiguous()):
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
         return None
-    rows = x.numel() // n if n else 0
     _check_device(x)
     out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
-    summed = torch.empty_like(x) if residual is not None else None
+    summed = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
+    rows = x.numel() // n if n else 0
     if rows == 0 or n == 0:
         return out, summed
+    layout = _row_layouts([x] if residual is None else [x, residual], n)
+    if layout is None:
+        return None
+    r2, strides = layout
+    (sx1, sx2), (sr1, sr2) = strides[0], strides[-1]
     cpu = x.device.type == "cpu"
-    if cpu:
-        vec, bw, bh, passes = 1, 1, 1, 1
-        scale = float(n)
-    else:
-        plan = cuda_reduce_plan(rows, n)
-        if plan is None:
-            return None
-        vec, bw, bh, passes = plan
-        # MeanOps' factor: float(num_outputs) / numel, both converted to float first.
-        scale = float(torch.tensor(rows, dtype=torch.float32) / torch.tensor(rows * n, dtype=torch.float32))
-    chunk = min(triton.next_power_of_2(n), 1024 if cpu else 2048)
-    _rms_norm_kernel[(rows,)](
+    # torch CPU divides the sum by n; CUDA's MeanOps multiplies it by float(rows) / float(numel).
+    scale = float(n) if cpu else _mean_factor(rows, n)
+    cfg = _sumsq_config(rows, n, "cpu" if cpu else "cuda")
+    if cfg is None:
+        return None
+    block_rows, consts, num_warps = cfg
+    chunk = min(triton.next_power_of_2(n), max(16, (8192 if cpu else 4096) // block_rows))
+    _rms_norm_kernel[(triton.cdiv(rows, block_rows),)](
         x, residual if residual is not None else x, weight, out, summed if summed is not None else out,
-        n, scale, float(eps),
-        HAS_RES=residual is not None, CPU_ORDER=cpu, LIBDEVICE=not cpu,
-        VEC=vec, BW=bw, BH=bh, PASSES=passes, LOG_BW=bw.bit_length() - 1, LOG_BH=bh.bit_length() - 1,
-        CHUNK=chunk, num_warps=4 if bw * bh * vec <= 512 else 8, **_launch_opts(x))
+        rows, r2, n, sx1, sx2, sr1, sr2, scale, float(eps),
+        HAS_RES=residual is not None, LIBDEVICE=not cpu, CHUNK=chunk, num_warps=num_warps,
+        **consts, **_launch_opts(x))
     return out, summed
 
 
@@ -392,17 +467,13 @@ def row_sum_of_squares(x: torch.Tensor, order: str | None = None) -> torch.Tenso
     n = x.shape[-1]
     rows = x.numel() // n
     out = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    if order == "cpu":
-        vec, bw, bh, passes = 1, 1, 1, 1
-    else:
-        plan = cuda_reduce_plan(rows, n)
-        if plan is None:
-            raise ValueError(f"ATen's reduction order over ({rows}, {n}) is not modelled")
-        vec, bw, bh, passes = plan
+    cfg = _sumsq_config(rows, n, order)
+    if cfg is None:
+        raise ValueError(f"ATen's reduction order over ({rows}, {n}) is not modelled")
+    block_rows, consts, num_warps = cfg
     if rows:
-        _sumsq_kernel[(rows,)](x, out, n, CPU_ORDER=order == "cpu", VEC=vec, BW=bw, BH=bh, PASSES=passes,
-                               LOG_BW=bw.bit_length() - 1, LOG_BH=bh.bit_length() - 1,
-                               num_warps=4, **_launch_opts(x))
+        _sumsq_kernel[(triton.cdiv(rows, block_rows),)](x, out, rows, n, num_warps=num_warps,
+                                                          **consts, **_launch_opts(x))
     return out
 
 
@@ -477,15 +548,25 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """`silu(gate) * up` in one launch: silu in float32 rounded to gate's dtype, then the
-    product rounded to the promoted dtype (gate and up of one shape)."""
-    if gate.shape != up.shape or not gate.is_contiguous() or not up.is_contiguous():
-        return torch.nn.functional.silu(gate) * up
+    product rounded to the promoted dtype. gate and up of one shape, rows of each at one stride
+    (contiguous, or the halves of a merged gate/up product); else the eager code runs."""
+    eager = lambda: torch.nn.functional.silu(gate) * up  # noqa: E731
+    if gate.shape != up.shape or gate.dim() == 0:
+        return eager()
+    n = gate.shape[-1]
+    try:
+        g2, u2 = gate.view(-1, n), up.view(-1, n)
+    except RuntimeError:
+        return eager()
+    if n > 1 and (g2.stride(1) != 1 or u2.stride(1) != 1):
+        return eager()
     _check_device(gate)
     out = torch.empty(gate.shape, dtype=torch.promote_types(gate.dtype, up.dtype), device=gate.device)
-    n = gate.numel()
-    if n == 0:
+    rows = g2.shape[0]
+    if out.numel() == 0:
         return out
-    block = 1024
-    _silu_mul_kernel[(triton.cdiv(n, block),)](gate, up, out, n, LIBDEVICE=gate.device.type != "cpu",
-                                               BLOCK=block, num_warps=4, **_launch_opts(gate))
+    block = 1024 if n >= 1024 else triton.next_power_of_2(n)
+    _silu_mul_kernel[(rows, triton.cdiv(n, block))](
+        g2, u2, out, n, g2.stride(0), u2.stride(0), LIBDEVICE=gate.device.type != "cpu",
+        BLOCK=block, num_warps=4, **_launch_opts(gate))
     return out

@@ -29,6 +29,12 @@ class DecoderLM(nn.Module):
     def cache_spec(self) -> CacheSpec:
         raise NotImplementedError
 
+    def merge_projections(self) -> None:
+        """Merge every layer's projections that read the same input (CUDA fast path)."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "merge_projections"):
+                module.merge_projections()
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
 

@@ -15,6 +15,7 @@ from blockspec.attention.backend import AttentionBackend, AttentionPlan
 from blockspec.config import ModelConfig
 from blockspec.kv.cache import CacheSpec, KVCache
 from blockspec.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope
+from blockspec.layers.linear import MergedLinear
 from blockspec.models.base import DecoderLM, default_backend
 
 
@@ -32,12 +33,22 @@ class LlamaAttention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.scale = cfg.head_dim ** -0.5
+        self.qkv_proj: MergedLinear | None = None
+
+    def merge_projections(self) -> None:
+        """q, k and v as one product (see layers/linear.py); the separate layers are dropped."""
+        self.qkv_proj = MergedLinear([self.q_proj, self.k_proj, self.v_proj])
+        del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x, cos, sin, layer: int, cache: KVCache, plan: AttentionPlan, backend: AttentionBackend):
         B, Q, _ = x.shape
-        q = self.q_proj(x).view(B, Q, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(B, Q, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(B, Q, self.num_kv_heads, self.head_dim)
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(B, Q, self.num_heads, self.head_dim)
+        k = k.view(B, Q, self.num_kv_heads, self.head_dim)
+        v = v.view(B, Q, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)

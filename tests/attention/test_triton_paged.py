@@ -192,10 +192,11 @@ def test_float16():
 
 
 def test_choose_num_splits():
-    # Decode with few programs and a long context: fill ~2 waves of 132 SMs.
-    assert choose_num_splits(1, 8, 1, 8192, 64, 1, 132) == 32     # capped: ≥ 4 key blocks per split
-    assert choose_num_splits(16, 8, 1, 8192, 64, 1, 132) == 3
+    # Decode with few programs and a long context: fill ~2 waves of 132 SMs, ≥ 256 keys a split.
+    assert choose_num_splits(1, 8, 1, 8192, 1, 132) == 32
+    assert choose_num_splits(1, 8, 1, 1024, 1, 132) == 4
+    assert choose_num_splits(16, 8, 1, 8192, 1, 132) == 3
     # Enough programs, a short context, or a long Q: no split.
-    assert choose_num_splits(64, 8, 1, 8192, 64, 1, 132) == 1
-    assert choose_num_splits(1, 8, 1, 128, 64, 1, 132) == 1
-    assert choose_num_splits(1, 8, 16, 8192, 64, 1024, 132) == 1
+    assert choose_num_splits(64, 8, 1, 8192, 1, 132) == 1
+    assert choose_num_splits(1, 8, 1, 128, 1, 132) == 1
+    assert choose_num_splits(1, 8, 16, 8192, 1024, 132) == 1

@@ -20,6 +20,7 @@ from blockspec.sampling import SamplingParams
 from dflash_fixtures import write_dflash_drafter
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+BACKENDS = ["reference", "triton"] if DEVICE == "cuda" else ["reference"]
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +49,10 @@ def requests(n=7):
     return out
 
 
-def engine_for(model, spec, drafter, graphs: bool, max_bs: int = 4):
+def engine_for(model, spec, drafter, graphs: bool, max_bs: int = 4, backend: str = "reference"):
     cfg = EngineConfig(model=model, device=DEVICE, spec=spec, draft_model=drafter if spec in ("dflash", "ddtree") else None,
                        tree_budget=6 if spec == "ddtree" else None, cuda_graph=graphs, cuda_graph_max_bs=max_bs,
-                       attention_backend="reference")
+                       attention_backend=backend)
     engine = Engine(cfg)
     if graphs and engine.graphed is None:        # CPU: no graphs by default; use the static buffers
         engine.graphed = engine.capture_graphs()
@@ -63,11 +64,11 @@ def test_buckets():
     assert batch_buckets(5) == [1, 2, 4, 5]
 
 
-def graphed_run(qwen3_dir, drafter, spec, max_bs, caplog):
+def graphed_run(qwen3_dir, drafter, spec, max_bs, caplog, backend="reference"):
     """Outputs of the eager and the graphed engine, and the (batch, bucket) of each graphed step."""
     reqs = requests()
-    eager = run(engine_for(qwen3_dir, spec, drafter, graphs=False), reqs)
-    graphed_engine = engine_for(qwen3_dir, spec, drafter, graphs=True, max_bs=max_bs)
+    eager = run(engine_for(qwen3_dir, spec, drafter, graphs=False, backend=backend), reqs)
+    graphed_engine = engine_for(qwen3_dir, spec, drafter, graphs=True, max_bs=max_bs, backend=backend)
     graphed_fn, used = graphed_engine.graphed, []
 
     def spy(inputs, tree):
@@ -85,9 +86,10 @@ def graphed_run(qwen3_dir, drafter, spec, max_bs, caplog):
     return eager, graphed, used
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("spec", ["none", "ngram", "dflash", "ddtree"])
-def test_graphed_steps_equal_eager(qwen3_dir, drafter, spec, caplog):
-    eager, graphed, used = graphed_run(qwen3_dir, drafter, spec, 4, caplog)
+def test_graphed_steps_equal_eager(qwen3_dir, drafter, spec, backend, caplog):
+    eager, graphed, used = graphed_run(qwen3_dir, drafter, spec, 4, caplog, backend)
     assert graphed == eager
     assert {1, 2, 4} <= {bucket for _, bucket in used}       # the batch shrank through every bucket
     assert any("exceeds the largest CUDA graph" in r.message for r in caplog.records)  # 7 > 4: eager, logged

@@ -74,14 +74,18 @@ def cases(dtype, B, T):
         s = x + res
         return rms_norm_reference(s, w, EPS), s
 
-    return [
-        ("rms_norm[hidden]", lambda: rms_norm_reference(x, w, EPS), lambda: triton_ops.rms_norm(x, w, EPS)),
-        ("rms_norm[q_heads]", lambda: rms_norm_reference(q, wq, EPS), lambda: triton_ops.rms_norm(q, wq, EPS)),
-        ("rms_norm[k_heads]", lambda: rms_norm_reference(k, wq, EPS), lambda: triton_ops.rms_norm(k, wq, EPS)),
-        ("add_rms_norm", add_norm_eager, lambda: triton_ops.add_rms_norm(x, res, w, EPS)),
+    fused = triton_ops.rms_norm_is_fused
+    return [  # (name, eager, fused, whether the fused call really runs a kernel)
+        ("rms_norm[hidden]", lambda: rms_norm_reference(x, w, EPS), lambda: triton_ops.rms_norm(x, w, EPS),
+         fused(x, w)),
+        ("rms_norm[q_heads]", lambda: rms_norm_reference(q, wq, EPS), lambda: triton_ops.rms_norm(q, wq, EPS),
+         fused(q, wq)),
+        ("rms_norm[k_heads]", lambda: rms_norm_reference(k, wq, EPS), lambda: triton_ops.rms_norm(k, wq, EPS),
+         fused(k, wq)),
+        ("add_rms_norm", add_norm_eager, lambda: triton_ops.add_rms_norm(x, res, w, EPS), fused(x, w, res)),
         ("rope_qk", lambda: (apply_rope(q, cos, sin), apply_rope(k, cos, sin)),
-         lambda: triton_ops.apply_rope_qk(q, k, cos, sin)),
-        ("silu_mul", lambda: torch.nn.functional.silu(gate) * up, lambda: triton_ops.silu_mul(gate, up)),
+         lambda: triton_ops.apply_rope_qk(q, k, cos, sin), True),
+        ("silu_mul", lambda: torch.nn.functional.silu(gate) * up, lambda: triton_ops.silu_mul(gate, up), True),
     ]
 
 
@@ -93,8 +97,8 @@ def check_exactness(dtypes) -> list[dict]:
     results = []
     for dname in dtypes:
         for tname, (B, T) in TOKENS.items():
-            for name, eager, fused in cases(DTYPES[dname], B, T):
-                entry = {"op": name, "dtype": dname, "tokens": tname}
+            for name, eager, fused, kernel in cases(DTYPES[dname], B, T):
+                entry = {"op": name, "dtype": dname, "tokens": tname, "kernel_ran": kernel}
                 try:
                     diffs = [differ(a, b) for a, b in zip(flat(fused()), flat(eager()))]
                     entry["mismatches"] = sum(d["mismatches"] for d in diffs)
@@ -104,7 +108,8 @@ def check_exactness(dtypes) -> list[dict]:
                     entry["error"] = f"{type(e).__name__}: {e}"
                 results.append(entry)
                 print(f"exact  {name:18s} {dname:9s} tokens={tname:6s} "
-                      f"{entry.get('mismatches', entry.get('error'))} differ", flush=True)
+                      f"{entry.get('mismatches', entry.get('error'))} differ"
+                      + ("" if kernel else "  (eager fallback: no kernel ran)"), flush=True)
     return results
 
 
@@ -121,17 +126,24 @@ def reduction_sweep(dtype_names) -> list[dict]:
         dtype = DTYPES[dname]
         for n in SWEEP_WIDTHS:
             for rows in SWEEP_ROWS:
-                entry = {"dtype": dname, "rows": rows, "width": n,
-                         "plan": triton_ops.cuda_reduce_plan(rows, n)}
+                entry = {"dtype": dname, "rows": rows, "width": n}
                 try:
                     x = rand(rows, n, dtype=dtype, scale=2.0, seed=rows * 7919 + n)
                     w = rand(n, dtype=dtype, scale=0.1, offset=1.0, seed=n)
+                    entry["kernel_ran"] = triton_ops.rms_norm_is_fused(x, w)
                     entry["rms_norm"] = differ(triton_ops.rms_norm(x, w, EPS), rms_norm_reference(x, w, EPS))["mismatches"]
-                    if entry["plan"] is not None:
-                        xf = x.float()
-                        ss = triton_ops.row_sum_of_squares(xf, "cuda")
-                        factor = torch.tensor(triton_ops._mean_factor(rows, n), device="cuda")
-                        entry["mean"] = differ(ss * factor, xf.pow(2).mean(-1))["mismatches"]
+                    xf = x.float()
+                    mean = xf.pow(2).mean(-1)
+                    factor = torch.tensor(triton_ops._mean_factor(rows, n), device="cuda")
+                    variant = triton_ops.cuda_order_variant()
+                    if variant is not None and triton_ops.cuda_reduce_plan(rows, n, variant[0]) is not None:
+                        ss = triton_ops.row_sum_of_squares(xf, "cuda", variant)
+                        entry["mean"] = differ(ss * factor, mean)["mismatches"]
+                    # which modelled orders reproduce torch here (diagnosis)
+                    entry["matching_variants"] = [
+                        v for v in triton_ops.CUDA_ORDER_VARIANTS
+                        if triton_ops.cuda_reduce_plan(rows, n, v[0]) is not None
+                        and torch.equal(triton_ops.cuda_order_sum_reference(xf * xf, v) * factor, mean)]
                 except Exception as e:
                     entry["error"] = f"{type(e).__name__}: {e}"
                 out.append(entry)
@@ -221,8 +233,8 @@ def time_loop(fn, reps, replays) -> float:
 def timing(dtype_name, reps, replays) -> list[dict]:
     out = []
     for tname, (B, T) in TOKENS.items():
-        for name, eager, fused in cases(DTYPES[dtype_name], B, T):
-            entry = {"op": name, "dtype": dtype_name, "tokens": tname}
+        for name, eager, fused, kernel in cases(DTYPES[dtype_name], B, T):
+            entry = {"op": name, "dtype": dtype_name, "tokens": tname, "kernel_ran": kernel}
             try:
                 entry["eager_graph_us"] = time_graph(eager, reps, replays)
                 entry["fused_graph_us"] = time_graph(fused, reps, replays)
@@ -256,6 +268,8 @@ def main() -> None:
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "shapes": {"hidden": HIDDEN, "q_heads": HQ, "kv_heads": HKV, "head_dim": HEAD_DIM,
                          "intermediate": INTER, "tokens": TOKENS}}
+    report["cuda_order_variant"] = triton_ops.cuda_order_variant()
+    print(f"ATen reduction order variant (vec_min, warp_halving): {report['cuda_order_variant']}", flush=True)
     sections = [("diagnostics", diagnostics), ("exactness", lambda: check_exactness(dtypes))]
     if not args.skip_sweep:
         sections.append(("reduction_sweep", lambda: reduction_sweep(args.sweep_dtypes.split(","))))
@@ -270,8 +284,9 @@ def main() -> None:
         Path(args.output).write_text(json.dumps(report, indent=1, default=str))
     exact = report.get("exactness", [])
     report["all_exact"] = isinstance(exact, list) and all(e.get("mismatches") == 0 for e in exact)
+    report["all_fused"] = isinstance(exact, list) and all(e.get("kernel_ran") for e in exact)
     Path(args.output).write_text(json.dumps(report, indent=1, default=str))
-    print(f"all exact: {report['all_exact']}; wrote {args.output}")
+    print(f"all exact: {report['all_exact']}; all ran the kernel: {report['all_fused']}; wrote {args.output}")
 
 
 if __name__ == "__main__":

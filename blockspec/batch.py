@@ -29,6 +29,7 @@ class StepInputs:
     sampling    per-row filters (SamplingTensors)
     uniforms    [B, n] float64  this step's random numbers (layout: the speculative step's)
     seqs        the scheduled sequences, host-side, for proposers that read token history
+    all_greedy  host-side: every row is greedy
     """
 
     page_table: torch.Tensor
@@ -39,6 +40,7 @@ class StepInputs:
     uniforms: torch.Tensor
     page_size: int
     seqs: list
+    all_greedy: bool = False      # every row has temperature 0 (verification needs no filters)
 
     @property
     def batch_size(self) -> int:
@@ -102,9 +104,10 @@ def decode_inputs(seqs, uniforms: torch.Tensor, page_size: int, device) -> StepI
     # One copy of [lengths | roots], packed row-major so that each part is a contiguous view.
     host = torch.tensor([[s.num_cached for s in seqs], [s.tokens[-1] for s in seqs]], dtype=torch.long)
     dev = _to_device(host, device)
+    params = [s.params for s in seqs]
     return StepInputs(page_table_tensor(seqs, device), dev[0], torch.ones_like(dev[0]), dev[1][:, None],
-                      SamplingTensors.from_params([s.params for s in seqs], device),
-                      _to_device(uniforms, device), page_size, seqs)
+                      SamplingTensors.from_params(params, device), _to_device(uniforms, device), page_size, seqs,
+                      all(p.greedy for p in params))
 
 
 def prefill_inputs(seqs, chunk_lens: list[int], uniforms: torch.Tensor, page_size: int, device) -> StepInputs:

@@ -356,7 +356,7 @@ def filtered_probs_sortfree(
 
 
 def filtered_probs_sorted_exact(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-    """The exact definition evaluated the direct way, with a stable descending sort (test oracle).
+    """The exact definition evaluated the direct way, with a stable descending sort (the engine's).
 
     Same s, w, W and final softmax as `filtered_probs_sortfree`; the keep decisions are made in
     sorted order with an exact int64 cumsum, so the two must agree bit for bit.

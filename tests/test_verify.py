@@ -413,3 +413,21 @@ def test_verifiers_run_on_meta_tensors():
         torch.empty(batch, 4, dtype=F64, **meta),
     )
     assert result.committed.shape == (batch, 4) and result.committed.dtype == torch.int64
+
+
+def test_greedy_walk_equals_the_walk_over_one_hot_probabilities():
+    """`verify_tree_greedy` (argmax tokens, no probabilities) is `verify_tree` for greedy rows."""
+    from blockspec.speculative.tree import build_tree
+    from blockspec.speculative.verify import verify_tree_greedy
+    gen = torch.Generator().manual_seed(7)
+    B, L, V = 6, 4, 5                                  # a small vocabulary: drafts often match
+    tree = build_tree(torch.log_softmax(torch.randn(B, L, V, generator=gen), -1), 9, 3,
+                      torch.randint(0, V, (B,), generator=gen))
+    logits = torch.randn(B, tree.width, V, generator=gen)
+    one_hot = torch.nn.functional.one_hot(logits.argmax(-1), V).float()
+    uniforms = torch.rand(B, L + 1, generator=gen, dtype=torch.float64)
+    want = verify_tree(one_hot, tree.tokens, tree.parents, uniforms)
+    got = verify_tree_greedy(logits.argmax(-1), tree.tokens, tree.parents, L)
+    assert want.accept_len.sum() > 0                   # the trees were walked, not just rooted
+    for field in ("accept_len", "path", "committed"):
+        assert torch.equal(getattr(got, field), getattr(want, field))

@@ -88,6 +88,7 @@ def _paged_attn_kernel(
     q_ptr, k_ptr, v_ptr, pt_ptr, prefix_ptr, newlen_ptr, mask_ptr, pos_ptr,
     out_ptr, opart_ptr, lse_ptr,
     qk_scale, window, Q, P,
+    s_pre, s_new,
     s_qb, s_qq, s_qh, s_qd,
     s_ks, s_kh, s_kd,
     s_vs, s_vh, s_vd,
@@ -109,8 +110,8 @@ def _paged_attn_kernel(
     kvh = bh % NUM_KV_HEADS
     b64 = b.to(tl.int64)
 
-    prefix = tl.load(prefix_ptr + b).to(tl.int32)
-    new_len = tl.load(newlen_ptr + b).to(tl.int32)
+    prefix = tl.load(prefix_ptr + b64 * s_pre).to(tl.int32)
+    new_len = tl.load(newlen_ptr + b64 * s_new).to(tl.int32)
     total = prefix + new_len
 
     # Tile rows: query index i, head of the group g.
@@ -304,6 +305,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q, k_cache, v_cache, page_table, prefix_lens, new_lens, mask_arg, pos_arg,
         out, opart, lse,
         float(scale) * LOG2E, window, Q, P,
+        prefix_lens.stride(0), new_lens.stride(0),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *page_table.stride(),
         *mask_strides, *pos_strides, *out.stride(),
         NUM_KV_HEADS=HKV, G=G, G_PAD=g_pad, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),

@@ -63,7 +63,7 @@ class GraphedStep:
         self.capture_seconds = 0.0
         self._warned: set[int] = set()
 
-    def _buffers(self, bs: int) -> _Static:
+    def _buffers(self, bs: int, all_greedy: bool) -> _Static:
         dev, W = self.device, self.width
         sampling = SamplingTensors(torch.ones(bs, device=dev), torch.zeros(bs, dtype=torch.long, device=dev),
                                    torch.ones(bs, device=dev), torch.zeros(bs, device=dev),
@@ -72,7 +72,7 @@ class GraphedStep:
         inputs = StepInputs(torch.zeros(bs, self.max_pages, dtype=torch.long, device=dev),
                             torch.zeros(bs, dtype=torch.long, device=dev), torch.ones(bs, dtype=torch.long, device=dev),
                             tokens[:, :1], sampling, torch.zeros(bs, self.num_uniforms, dtype=torch.float64, device=dev),
-                            self.page_size, [])
+                            self.page_size, [], all_greedy)
         node = torch.arange(W, device=dev)
         parents = torch.where(node == 0, ROOT_PARENT, PAD_PARENT).expand(bs, W).contiguous()
         tree = DraftTree(tokens, parents, torch.zeros(bs, W, dtype=torch.long, device=dev),
@@ -82,12 +82,13 @@ class GraphedStep:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every bucket, largest first so smaller ones reuse its memory pool."""
+        """Capture every bucket, largest first so smaller ones reuse its memory pool; each bucket
+        twice: for all-greedy batches (no filters) and for batches with sampled rows."""
         start = time.perf_counter()
-        for bs in sorted(self.buckets, reverse=True):
-            st = self._buffers(bs)
+        for bs, all_greedy in [(bs, g) for bs in sorted(self.buckets, reverse=True) for g in (True, False)]:
+            st = self._buffers(bs, all_greedy)
             if self.device.type != "cuda":
-                self.static[bs] = st
+                self.static[bs, all_greedy] = st
                 continue
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -99,7 +100,7 @@ class GraphedStep:
             with torch.cuda.graph(st.graph, pool=self.pool):
                 st.outputs = self.fn(st.inputs, self._tree_arg(st))
             self.pool = st.graph.pool()
-            self.static[bs] = st
+            self.static[bs, all_greedy] = st
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
@@ -124,7 +125,7 @@ class GraphedStep:
     @torch.inference_mode()
     def __call__(self, inputs: StepInputs, tree: DraftTree | None):
         B = inputs.batch_size
-        st = self.static[self.bucket_for(B)]
+        st = self.static[self.bucket_for(B), inputs.all_greedy]
         si, stree = st.inputs, st.tree
         P = inputs.page_table.shape[1]
         if P > self.max_pages:

@@ -8,6 +8,7 @@ meant to give bit-identical outputs (see `triton_ops`), so greedy outputs do not
 from __future__ import annotations
 
 import os
+import warnings
 
 from torch import nn
 
@@ -18,10 +19,15 @@ from blockspec.layers.rope import ApplyRope
 FUSABLE = {"rms_norm": RMSNorm, "silu_mul": SwiGLU, "rope": ApplyRope}
 
 
-def _model_device_type(model: nn.Module) -> str | None:
+def _model_device(model: nn.Module):
     for t in list(model.parameters()) + list(model.buffers()):
-        return t.device.type
+        return t.device
     return None
+
+
+def _model_device_type(model: nn.Module) -> str | None:
+    device = _model_device(model)
+    return None if device is None else device.type
 
 
 def enable_fused_ops(model: nn.Module, ops: tuple[str, ...] | list[str] = tuple(FUSABLE), *,
@@ -52,6 +58,11 @@ def enable_fused_ops(model: nn.Module, ops: tuple[str, ...] | list[str] = tuple(
         if device == "cuda" and triton_ops.INTERPRETED:
             raise ValueError("blockspec.layers.triton_ops was imported under TRITON_INTERPRET=1, "
                              "whose kernels take CPU tensors only")
+        if device == "cuda" and "rms_norm" in ops:
+            # Find the running torch's reduction order now, outside any CUDA-graph capture.
+            if triton_ops.cuda_order_variant(_model_device(model)) is None:
+                warnings.warn("this torch's CUDA reduction order is not modelled by "
+                              "blockspec.layers.triton_ops: RMSNorm stays eager (still exact)")
     kinds = tuple(FUSABLE[op] for op in ops)
     count = 0
     for module in model.modules():

@@ -13,8 +13,10 @@ Exactness means reproducing every rounding point of the eager code, not only its
   tensor's device (`_sumsq_cuda`, `_sumsq_cpu` below say which), each addition as an explicit
   elementwise add or a sum over an axis of two, so neither Triton's nor NumPy's own reduction
   order enters. CUDA's order depends on the number of rows (ATen picks its launch
-  configuration from the output count); `cuda_reduce_plan` reproduces that choice and answers
-  None for configurations it does not model, where the eager path runs instead (so do views
+  configuration from the output count) and, in details, on the torch release:
+  `cuda_reduce_plan` reproduces the configuration, `cuda_order_variant` finds the release's
+  details by comparing candidate orders with torch's own result once per device, and where
+  nothing is modelled or matched the eager path runs instead (so do views
   whose rows are not in row-major order, e.g. transposed ones: torch's `pow(2)` keeps their
   layout and its reduction runs in another order; row-major views with gaps between rows, like
   the q/k halves of a merged projection, are read in place).
@@ -24,8 +26,10 @@ Exactness means reproducing every rounding point of the eager code, not only its
 Under Triton's interpreter (`TRITON_INTERPRET=1` in the environment before this module is
 imported, CPU tensors, float32/float16 only: bfloat16 loads read garbage there in Triton 3.x)
 RMSNorm, the residual add and RoPE equal torch's CPU kernels bit for bit; silu does not quite,
-since NumPy's `exp` is not torch's (Sleef) `exp`. On CUDA all four are meant to equal torch's
-CUDA kernels bit for bit in every dtype; `bench/triton_ops_gpu.py` checks that.
+since NumPy's `exp` is not torch's (Sleef) `exp`. On CUDA all four equal torch's CUDA kernels
+bit for bit in every dtype (`bench/triton_ops_gpu.py` checks; seen on an H200, torch 2.11:
+RoPE, silu·mul and the residual add at every shape tried; RMSNorm's reduction order matching
+at every unsplit shape tried, and the rest of RMSNorm exact wherever the order matched).
 """
 
 from __future__ import annotations
@@ -63,18 +67,33 @@ def _last_pow2(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
-def cuda_reduce_plan(rows: int, n: int) -> tuple[int, int, int, int] | None:
+# ATen versions differ in details of this reduction: whether a row of exactly 128 floats is
+# already "vectorized along input" (`dim0 >= 128` in recent releases, `dim0 > 128` before); the
+# warp-shuffle order of `block_x_reduce` (offsets 16, 8, 4, 2, 1 — a halving tree — since a
+# 2025 change "for better numerics matching Triton"; 1, 2, 4, 8, 16 — adjacent pairs — before,
+# and still on ROCm); and, when a row is split across warps, whether `block_x_reduce` runs
+# before `block_y_reduce` ("xy", recent sources) or after ("yx", older ones). A variant is
+# `(vec_min, warp_halving, split_order)`, split_order None where no candidate matched (such
+# rows then run eagerly); `cuda_order_variant()` finds the running torch's by asking torch.
+# Seen on an H200 with torch 2.11: (128, True, ·) on every unsplit shape tried (widths 96 to
+# 8192, 1 to 1088 rows), the split order not yet confirmed there.
+CUDA_ORDER_VARIANTS = tuple((vec_min, halving, split) for halving in (True, False)
+                            for vec_min in (128, 129) for split in ("xy", "yx"))
+
+
+def cuda_reduce_plan(rows: int, n: int, vec_min: int = 128) -> tuple[int, int, int, int] | None:
     """`(vec, block_x, block_y, passes)` of ATen's `setReduceConfig` for a last-dim float32
     reduction over a fresh contiguous `[rows, n]` tensor (rows start 16-byte aligned), or None
     where its order is not modelled (a vector tail, a split across blocks).
 
     Thread `t = x + y·block_x` of a row owns elements `t, t + S, t + 2S, …` (`S = block_x ·
     block_y`; in vectors of `vec` when vectorized) and sums them into 4 accumulators (by vector
-    lane, or by step modulo 4), combined left to right; `block_y` threads are then combined by
-    a halving tree in shared memory (only when ATen splits the row across warps, else 1), and
-    the `block_x` lanes by a halving tree down to a warp and a shuffle tree of adjacent pairs.
+    lane, or by step modulo 4), combined left to right. The `block_x` lanes are then combined
+    by a halving tree in shared memory down to a warp and the warp shuffles, the `block_y`
+    threads (block_y > 1 only when ATen splits a row across warps) by a halving tree in shared
+    memory, in the order of the variant (see `CUDA_ORDER_VARIANTS`).
     """
-    vec = _CUDA_VEC if n > 128 else 1   # "vectorize along input" needs dim0 > 128
+    vec = _CUDA_VEC if n >= vec_min else 1    # "vectorize along input"
     if vec > 1 and n % vec:
         return None
     dim0, dim1 = n // vec, rows
@@ -94,6 +113,97 @@ def cuda_reduce_plan(rows: int, n: int) -> tuple[int, int, int, int] | None:
         bh = 1
     passes = -(-(n // vec) // step)
     return vec, bw, bh, passes
+
+
+def cuda_order_sum_reference(sq: torch.Tensor, variant: tuple = CUDA_ORDER_VARIANTS[0]) -> torch.Tensor:
+    """Σ over the last axis of a float32 `[rows, n]` tensor in ATen's CUDA order (for `variant`),
+    stated in plain torch ops (float32 adds round the same on any device). The kernels'
+    `_sumsq_cuda` is tested against it; `cuda_order_variant` compares it with torch's own."""
+    rows, n = sq.shape
+    vec_min, halving, split = variant
+    vec, bw, bh, passes = cuda_reduce_plan(rows, n, vec_min)
+    s = bw * bh
+    acc = torch.zeros(rows, s, 4, dtype=torch.float32, device=sq.device)
+    if vec == 4:    # thread t, pass j: vector t + j·s, its lane i into accumulator i
+        v = sq.view(rows, n // 4, 4)
+        for j in range(passes):
+            chunk = v[:, j * s:(j + 1) * s]
+            acc[:, :chunk.shape[1]] += chunk
+    else:           # thread t, step k: element t + k·s into accumulator k % 4
+        for k in range(passes):
+            chunk = sq[:, k * s:(k + 1) * s]
+            acc[:, :chunk.shape[1], k % 4] += chunk
+    t = ((acc[..., 0] + acc[..., 1]) + acc[..., 2]) + acc[..., 3]
+    t = t.view(rows, bh, bw)                        # thread x + y·bw
+
+    def block_x(t):     # halving in shared memory down to a warp, then the shuffles
+        while t.shape[2] > (1 if halving else 32):
+            t = t[:, :, :t.shape[2] // 2] + t[:, :, t.shape[2] // 2:]
+        while t.shape[2] > 1:
+            t = t[:, :, 0::2] + t[:, :, 1::2]
+        return t
+
+    def block_y(t):     # halving in shared memory
+        while t.shape[1] > 1:
+            t = t[:, :t.shape[1] // 2] + t[:, t.shape[1] // 2:]
+        return t
+
+    t = block_y(block_x(t)) if split == "xy" else block_x(block_y(t))
+    return t.reshape(rows)
+
+
+# (rows, n, calls): decode, verify and q/k-norm shapes, widths below/at/above the vector limit;
+# then rows split across warps (block_y_reduce), checked separately.
+_PROBES = ((1, 4096, 6), (1, 128, 6), (1, 8192, 3), (64, 4096, 1), (256, 128, 1), (64, 96, 1),
+           (64, 1000, 1), (16, 2048, 1))
+_SPLIT_PROBES = ((2, 8192, 3), (16, 8192, 1), (64, 8192, 1))
+_variants: dict = {}
+
+
+def _matches(probes, variant, device) -> bool:
+    for rows, n, sq, mean in probes:
+        factor = torch.tensor(_mean_factor(rows, n), dtype=torch.float32, device=device)
+        if not torch.equal(cuda_order_sum_reference(sq, variant) * factor, mean):
+            return False
+    return True
+
+
+def cuda_order_variant(device: torch.device | str | None = None) -> tuple | None:
+    """The `(vec_min, warp_halving, split_order)` whose order equals torch's own
+    `pow(2).mean(-1)` on this device, on random probes where the candidate orders disagree;
+    None when no candidate matches the unsplit rows (a torch whose reduction is not modelled:
+    RMSNorm then stays eager), split_order None when none matches rows split across warps
+    (those rows stay eager). Cached per device; runs torch ops and syncs, so call it outside
+    CUDA-graph capture (`enable_fused_ops` does)."""
+    device = torch.device(device if device is not None else "cuda")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device in _variants:
+        return _variants[device]
+    gen = torch.Generator(device=device).manual_seed(1234)
+
+    def make(spec):
+        out = []
+        for rows, n, calls in spec:
+            for _ in range(calls):
+                x = torch.randn(rows, n, generator=gen, device=device) * 3
+                out.append((rows, n, x.pow(2), x.pow(2).mean(-1)))
+        return out
+
+    probes, split_probes = make(_PROBES), make(_SPLIT_PROBES)
+    found = None
+    for vec_min, halving, split in CUDA_ORDER_VARIANTS:
+        if split != "xy":
+            continue                                   # unsplit rows do not depend on it
+        if _matches(probes, (vec_min, halving, split), device):
+            found = (vec_min, halving, None)
+            for order in ("xy", "yx"):
+                if _matches(split_probes, (vec_min, halving, order), device):
+                    found = (vec_min, halving, order)
+                    break
+            break
+    _variants[device] = found
+    return found
 
 
 @triton.jit
@@ -170,9 +280,31 @@ def _sumsq_cpu(x_ptr, r_ptr, x_off, r_off, row_ok, N, HAS_RES: tl.constexpr, ROW
 
 
 @triton.jit
+def _block_x(t, ROWS: tl.constexpr, H: tl.constexpr, BW: tl.constexpr, LOG_BW: tl.constexpr,
+             WARP_HALVING: tl.constexpr):
+    """`[ROWS, H, BW]` → `[ROWS, H, 1]`: halving in shared memory down to a warp, then shfl_down
+    by 16, 8, 4, 2, 1 (halving again: WARP_HALVING) or by 1, 2, 4, 8, 16 (adjacent pairs)."""
+    for lvl in tl.static_range(LOG_BW):
+        if WARP_HALVING or (BW >> lvl) > 32:
+            t = tl.sum(tl.reshape(t, [ROWS, H, 2, BW >> (lvl + 1)]), axis=2)
+        else:
+            t = tl.sum(tl.reshape(t, [ROWS, H, BW >> (lvl + 1), 2]), axis=3)
+    return t
+
+
+@triton.jit
+def _block_y(t, ROWS: tl.constexpr, BH: tl.constexpr, W: tl.constexpr, LOG_BH: tl.constexpr):
+    """`[ROWS, BH, W]` → `[ROWS, 1, W]`: thread y takes y + BH/2, then y + BH/4, ..."""
+    for lvl in tl.static_range(LOG_BH):
+        t = tl.sum(tl.reshape(t, [ROWS, 2, BH >> (lvl + 1), W]), axis=1)
+    return t
+
+
+@triton.jit
 def _sumsq_cuda(x_ptr, r_ptr, x_off, r_off, row_ok, N, HAS_RES: tl.constexpr, ROWS: tl.constexpr,
                 VEC: tl.constexpr, BW: tl.constexpr, BH: tl.constexpr, PASSES: tl.constexpr,
-                LOG_BW: tl.constexpr, LOG_BH: tl.constexpr):
+                LOG_BW: tl.constexpr, LOG_BH: tl.constexpr, WARP_HALVING: tl.constexpr,
+                SPLIT_XY: tl.constexpr):
     """Σ v² of ROWS rows in the order of ATen's CUDA reduction for the plan `cuda_reduce_plan`
     gave (Reduce.cuh: `input_vectorized_thread_reduce_impl` / `thread_reduce_impl`,
     `block_y_reduce`, `block_x_reduce`)."""
@@ -209,29 +341,29 @@ def _sumsq_cuda(x_ptr, r_ptr, x_off, r_off, row_ok, N, HAS_RES: tl.constexpr, RO
             v = _row_values(x_ptr, r_ptr, x_off, r_off, o, row_ok & (o < N), HAS_RES)
             a3 = a3 + v * v
         t = ((a0 + a1) + a2) + a3
-    # t[:, x + y·BW]. block_y_reduce: thread y takes y + BH/2, then y + BH/4, ...
+    # t[:, x + y·BW]: block_x_reduce (over x) and block_y_reduce (over y), in the order SPLIT_XY
+    # says (only matters when BH > 1).
     t = tl.reshape(t, [ROWS, BH, BW])
-    for lvl in tl.static_range(LOG_BH):
-        t = tl.sum(tl.reshape(t, [ROWS, 2, BH >> (lvl + 1), BW]), axis=1)
-    t = tl.reshape(t, [ROWS, BW])
-    # block_x_reduce: halving in shared memory down to a warp, then shfl_down by 1, 2, 4, ...
-    for lvl in tl.static_range(LOG_BW):
-        if (BW >> lvl) > 32:
-            t = tl.sum(tl.reshape(t, [ROWS, 2, BW >> (lvl + 1)]), axis=1)
-        else:
-            t = tl.sum(tl.reshape(t, [ROWS, BW >> (lvl + 1), 2]), axis=2)
+    if SPLIT_XY:
+        t = _block_x(t, ROWS, BH, BW, LOG_BW, WARP_HALVING)
+        t = _block_y(t, ROWS, BH, 1, LOG_BH)
+    else:
+        t = _block_y(t, ROWS, BH, BW, LOG_BH)
+        t = _block_x(t, ROWS, 1, BW, LOG_BW, WARP_HALVING)
+    t = tl.reshape(t, [ROWS, 1])
     return tl.sum(t, axis=1)
 
 
 @triton.jit
 def _sumsq(x_ptr, r_ptr, x_off, r_off, row_ok, N, HAS_RES: tl.constexpr, ROWS: tl.constexpr,
            CPU_ORDER: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr, BH: tl.constexpr,
-           PASSES: tl.constexpr, LOG_BW: tl.constexpr, LOG_BH: tl.constexpr):
+           PASSES: tl.constexpr, LOG_BW: tl.constexpr, LOG_BH: tl.constexpr,
+           WARP_HALVING: tl.constexpr, SPLIT_XY: tl.constexpr):
     if CPU_ORDER:
         ss = _sumsq_cpu(x_ptr, r_ptr, x_off, r_off, row_ok, N, HAS_RES, ROWS)
     else:
         ss = _sumsq_cuda(x_ptr, r_ptr, x_off, r_off, row_ok, N, HAS_RES, ROWS, VEC, BW, BH, PASSES,
-                         LOG_BW, LOG_BH)
+                         LOG_BW, LOG_BH, WARP_HALVING, SPLIT_XY)
     return ss
 
 
@@ -244,7 +376,7 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, R, R2, N, sx1, sx2
                      HAS_RES: tl.constexpr, CPU_ORDER: tl.constexpr, LIBDEVICE: tl.constexpr,
                      ROWS: tl.constexpr, VEC: tl.constexpr, BW: tl.constexpr, BH: tl.constexpr,
                      PASSES: tl.constexpr, LOG_BW: tl.constexpr, LOG_BH: tl.constexpr,
-                     CHUNK: tl.constexpr):
+                     WARP_HALVING: tl.constexpr, SPLIT_XY: tl.constexpr, CHUNK: tl.constexpr):
     """Rows r = (r // R2, r % R2) of x (strides sx1, sx2; the last axis contiguous) and of the
     residual (sr1, sr2); outputs contiguous."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -254,7 +386,7 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, R, R2, N, sx1, sx2
     r_off = ((r64 // R2) * sr1 + (r64 % R2) * sr2)[:, None]
     o_off = r64[:, None] * N
     ss = _sumsq(x_ptr, res_ptr, x_off, r_off, row_ok, N, HAS_RES, ROWS, CPU_ORDER, VEC, BW, BH,
-                PASSES, LOG_BW, LOG_BH)
+                PASSES, LOG_BW, LOG_BH, WARP_HALVING, SPLIT_XY)
     if CPU_ORDER:   # torch CPU: sum, then divide by N
         mean = tl.div_rn(ss, scale)
     else:           # torch CUDA: MeanOps, the sum times the float factor 1/N
@@ -279,11 +411,12 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, R, R2, N, sx1, sx2
 @triton.jit
 def _sumsq_kernel(x_ptr, out_ptr, R, N, CPU_ORDER: tl.constexpr, ROWS: tl.constexpr,
                   VEC: tl.constexpr, BW: tl.constexpr, BH: tl.constexpr, PASSES: tl.constexpr,
-                  LOG_BW: tl.constexpr, LOG_BH: tl.constexpr):
+                  LOG_BW: tl.constexpr, LOG_BH: tl.constexpr, WARP_HALVING: tl.constexpr,
+                  SPLIT_XY: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     off = rows.to(tl.int64)[:, None] * N
     ss = _sumsq(x_ptr, x_ptr, off, off, (rows < R)[:, None], N, False, ROWS, CPU_ORDER, VEC, BW, BH,
-                PASSES, LOG_BW, LOG_BH)
+                PASSES, LOG_BW, LOG_BH, WARP_HALVING, SPLIT_XY)
     tl.store(out_ptr + rows, ss, mask=rows < R)
 
 
@@ -377,22 +510,30 @@ def _mean_factor(rows: int, n: int) -> float:
 
 
 @functools.lru_cache(maxsize=1024)
-def _sumsq_config(rows: int, n: int, order: str):
+def _sumsq_config(rows: int, n: int, order: str, variant: tuple | None = None):
     """(rows a program, the reduction's constexprs, num_warps) for `order` ("cpu": torch's CPU
-    order, "cuda": ATen's CUDA order for this many rows), or None where not modelled."""
+    order, "cuda": ATen's CUDA order for this many rows, in `variant`), or None where not
+    modelled."""
     if order == "cpu":
         block_rows = min(triton.next_power_of_2(rows), 32)     # the interpreter: amortise its ops
         return block_rows, dict(CPU_ORDER=True, ROWS=block_rows, VEC=1, BW=1, BH=1, PASSES=1,
-                                LOG_BW=0, LOG_BH=0), 4
-    plan = cuda_reduce_plan(rows, n)
+                                LOG_BW=0, LOG_BH=0, WARP_HALVING=True, SPLIT_XY=True), 4
+    if variant is None:
+        return None
+    vec_min, halving, split = variant
+    plan = cuda_reduce_plan(rows, n, vec_min)
     if plan is None:
         return None
     vec, bw, bh, passes = plan
+    if bh > 1 and split is None:
+        return None
     per_row = bw * bh * vec                                      # elements a row loads per pass
-    block_rows = max(1, min(triton.next_power_of_2(rows), 1024 // per_row))
+    # Several rows a program only once there are enough programs to fill the GPU (~128 SMs).
+    block_rows = _last_pow2(max(1, min(1024 // per_row, rows // 128)))
     num_warps = 8 if block_rows * per_row >= 2048 else 4
     return block_rows, dict(CPU_ORDER=False, ROWS=block_rows, VEC=vec, BW=bw, BH=bh, PASSES=passes,
-                            LOG_BW=bw.bit_length() - 1, LOG_BH=bh.bit_length() - 1), num_warps
+                            LOG_BW=bw.bit_length() - 1, LOG_BH=bh.bit_length() - 1,
+                            WARP_HALVING=halving, SPLIT_XY=split != "yx"), num_warps
 
 
 def _rms_norm_eager(x, weight, eps):
@@ -421,45 +562,70 @@ def _row_layouts(tensors, n: int):
     return None
 
 
-def _rms_norm_launch(x, residual, weight, eps):
-    """(normed, summed or None), or None when the eager path must run (see module doc)."""
-    n = x.shape[-1]
+def _rms_norm_plan(x, residual, weight):
+    """The launch of the fused RMSNorm for these tensors: a dict, "empty" for no rows, or None
+    when the eager path must run (see the module doc)."""
+    n = x.shape[-1] if x.dim() else 0
     if (x.dim() == 0 or weight.dim() != 1 or weight.shape[0] != n or not weight.is_contiguous()
             or x.dtype not in (torch.float32, torch.float16, torch.bfloat16)):
         return None
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
         return None
-    _check_device(x)
-    out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
-    summed = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
     rows = x.numel() // n if n else 0
     if rows == 0 or n == 0:
-        return out, summed
+        return "empty"
     layout = _row_layouts([x] if residual is None else [x, residual], n)
     if layout is None:
         return None
     r2, strides = layout
-    (sx1, sx2), (sr1, sr2) = strides[0], strides[-1]
     cpu = x.device.type == "cpu"
-    # torch CPU divides the sum by n; CUDA's MeanOps multiplies it by float(rows) / float(numel).
-    scale = float(n) if cpu else _mean_factor(rows, n)
-    cfg = _sumsq_config(rows, n, "cpu" if cpu else "cuda")
+    if cpu:
+        cfg = _sumsq_config(rows, n, "cpu")
+    else:
+        if x.device not in _variants and torch.cuda.is_current_stream_capturing():
+            return None                     # not calibrated: no syncs inside a graph capture
+        cfg = _sumsq_config(rows, n, "cuda", cuda_order_variant(x.device))
     if cfg is None:
         return None
     block_rows, consts, num_warps = cfg
-    chunk = min(triton.next_power_of_2(n), max(16, (8192 if cpu else 4096) // block_rows))
-    _rms_norm_kernel[(triton.cdiv(rows, block_rows),)](
+    return dict(rows=rows, n=n, r2=r2, strides=strides, cfg=cfg, cpu=cpu,
+                # torch CPU divides the sum by n; CUDA's MeanOps multiplies it by
+                # float(rows) / float(numel).
+                scale=float(n) if cpu else _mean_factor(rows, n),
+                chunk=min(triton.next_power_of_2(n), max(16, (8192 if cpu else 4096) // block_rows)))
+
+
+def rms_norm_is_fused(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> bool:
+    """Whether `rms_norm` / `add_rms_norm` on these tensors run the kernel (True) or the eager
+    code (False: an unmodelled reduction order or layout; exact either way)."""
+    return _rms_norm_plan(x, residual, weight) is not None
+
+
+def _rms_norm_launch(x, residual, weight, eps):
+    """(normed, summed or None), or None when the eager path must run."""
+    plan = _rms_norm_plan(x, residual, weight)
+    if plan is None:
+        return None
+    _check_device(x)
+    out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    summed = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
+    if plan == "empty":
+        return out, summed
+    block_rows, consts, num_warps = plan["cfg"]
+    (sx1, sx2), (sr1, sr2) = plan["strides"][0], plan["strides"][-1]
+    _rms_norm_kernel[(triton.cdiv(plan["rows"], block_rows),)](
         x, residual if residual is not None else x, weight, out, summed if summed is not None else out,
-        rows, r2, n, sx1, sx2, sr1, sr2, scale, float(eps),
-        HAS_RES=residual is not None, LIBDEVICE=not cpu, CHUNK=chunk, num_warps=num_warps,
-        **consts, **_launch_opts(x))
+        plan["rows"], plan["r2"], plan["n"], sx1, sx2, sr1, sr2, plan["scale"], float(eps),
+        HAS_RES=residual is not None, LIBDEVICE=not plan["cpu"], CHUNK=plan["chunk"],
+        num_warps=num_warps, **consts, **_launch_opts(x))
     return out, summed
 
 
-def row_sum_of_squares(x: torch.Tensor, order: str | None = None) -> torch.Tensor:
-    """Σ x² over the last axis in float32, in torch's CPU ("cpu") or CUDA ("cuda") summation
-    order (default: that of x's device): the reduction inside `rms_norm`, exposed for tests.
-    For "cuda", the plan is that of a `[rows, n]` reduction; raises ValueError where
+def row_sum_of_squares(x: torch.Tensor, order: str | None = None,
+                       variant: tuple = CUDA_ORDER_VARIANTS[0]) -> torch.Tensor:
+    """Σ x² over the last axis in float32, in torch's CPU ("cpu") or CUDA ("cuda", in `variant`)
+    summation order (default: that of x's device): the reduction inside `rms_norm`, exposed
+    for tests. For "cuda", the plan is that of a `[rows, n]` reduction; raises ValueError where
     `cuda_reduce_plan` has none."""
     order = order or x.device.type
     _check_device(x)
@@ -467,7 +633,7 @@ def row_sum_of_squares(x: torch.Tensor, order: str | None = None) -> torch.Tenso
     n = x.shape[-1]
     rows = x.numel() // n
     out = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    cfg = _sumsq_config(rows, n, order)
+    cfg = _sumsq_config(rows, n, order, variant)
     if cfg is None:
         raise ValueError(f"ATen's reduction order over ({rows}, {n}) is not modelled")
     block_rows, consts, num_warps = cfg

@@ -15,7 +15,7 @@ import torch
 from blockspec.batch import StepInputs
 from blockspec.sampling import filtered_probs
 from blockspec.speculative.tree import DraftTree, accepted_kv_indices, chain_tree
-from blockspec.speculative.verify import VerifyResult, verify_chain_rejection, verify_tree
+from blockspec.speculative.verify import VerifyResult, verify_chain_rejection, verify_tree, verify_tree_greedy
 
 
 class TargetForward(Protocol):
@@ -100,8 +100,12 @@ class SpeculativeStep:
         Pure device work, no host sync: the part of a step a CUDA graph captures. Returns the
         result and the accepted path's target features `[B, D+1, F]` (None without capture)."""
         logits, features = runner.verify(inputs, tree)
-        probs = filtered_probs(logits, inputs.sampling)
-        result = self.verify(probs, tree, draft_probs, inputs.uniforms)
+        if inputs.all_greedy and draft_probs is None:
+            # No filters, no probabilities: the same walk over the argmax (a batch-wide fact
+            # known on the host, so a graph is captured for each case).
+            result = verify_tree_greedy(logits.argmax(-1), tree.tokens, tree.parents, inputs.uniforms.shape[1] - 1)
+        else:
+            result = self.verify(filtered_probs(logits, inputs.sampling), tree, draft_probs, inputs.uniforms)
         src, keep = accepted_kv_indices(result.path, result.accept_len)
         # Any row that branches may accept a path with gaps. (A batch's deepest row being a full
         # chain says nothing about the other rows: each row is checked when the tree is built.)

@@ -57,13 +57,27 @@ def verify_tree(
         and a walk that reaches depth D takes its bonus at the depth-D node with uniforms[:, D].
     If two siblings carry the same token, the first one is the one accepted.
     """
-    batch, num_nodes, _ = target_probs.shape
-    max_depth = uniforms.shape[1] - 1
-    device = target_probs.device
-    rows = torch.arange(batch, device=device)
-    node_ids = torch.arange(num_nodes, device=device)
-    uniforms = uniforms.to(device=device, dtype=torch.float64)
+    batch = target_probs.shape[0]
+    rows = torch.arange(batch, device=target_probs.device)
+    uniforms = uniforms.to(device=target_probs.device, dtype=torch.float64)
+    return _walk(lambda current, depth: sample_from_probs(target_probs[rows, current], uniforms[:, depth]),
+                 node_tokens, parents, uniforms.shape[1] - 1)
 
+
+def verify_tree_greedy(target_tokens: torch.Tensor, node_tokens: torch.Tensor, parents: torch.Tensor,
+                       max_depth: int) -> VerifyResult:
+    """`verify_tree` for a batch whose every row is greedy, from the target's argmax after each
+    node `[B, N+1]`: a one-hot p samples its argmax whatever the uniform, so this is the same
+    walk without materialising or filtering probabilities."""
+    rows = torch.arange(target_tokens.shape[0], device=target_tokens.device)
+    return _walk(lambda current, depth: target_tokens[rows, current], node_tokens, parents, max_depth)
+
+
+def _walk(sample, node_tokens: torch.Tensor, parents: torch.Tensor, max_depth: int) -> VerifyResult:
+    """The tree walk; `sample(current [B], depth)` is the target's token after each row's node."""
+    batch, num_nodes = node_tokens.shape
+    device = node_tokens.device
+    node_ids = torch.arange(num_nodes, device=device)
     current = torch.zeros(batch, dtype=torch.int64, device=device)
     walking = torch.ones(batch, dtype=torch.bool, device=device)
     accept_len = torch.zeros(batch, dtype=torch.int64, device=device)
@@ -72,7 +86,7 @@ def verify_tree(
     committed = torch.full_like(path, -1)
 
     for depth in range(max_depth + 1):
-        sampled = sample_from_probs(target_probs[rows, current], uniforms[:, depth])
+        sampled = sample(current, depth)
         # Accepted or bonus, the committed token at this depth is the sample itself.
         committed[:, depth] = torch.where(walking, sampled, -1)
         if depth == max_depth:

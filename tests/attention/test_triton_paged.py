@@ -99,6 +99,19 @@ def test_decode_padded_row_and_int64_metadata():
     case.assert_close(case.kernel("causal"), case.reference(causal_new_mask(case.B, 1, "cpu")))
 
 
+def test_strided_lengths_and_page_table():
+    """prefix/new lengths as column views of one packed tensor, the page table a strided view."""
+    case = Case([33, 7, 50], [3, 2, 1], 3, hq=4, hkv=2, d=32, seed=12)
+    ref = case.reference(causal_new_mask(case.B, 3, "cpu"))
+    packed = torch.stack([case.prefix, case.new], dim=1)                 # [B, 2]: columns stride 2
+    case.prefix, case.new = packed[:, 0], packed[:, 1]
+    wide = torch.zeros(case.B, case.page_table.shape[1] * 2, dtype=case.page_table.dtype)
+    wide[:, ::2] = case.page_table
+    case.page_table = wide[:, ::2]
+    assert case.prefix.stride(0) == 2 and case.page_table.stride(1) == 2
+    case.assert_close(case.kernel("causal"), ref)
+
+
 def test_chain_verify_causal():
     case = Case([13, 40, 0], [5, 3, 1], 5, hq=4, hkv=2, d=32)
     case.assert_close(case.kernel("causal"), case.reference(causal_new_mask(case.B, 5, "cpu")))

@@ -43,8 +43,10 @@ def requests(n=7):
     out = []
     for i in range(n):
         prompt = torch.randint(0, 400, (3 + 2 * i,), generator=gen).tolist()
-        params = (SamplingParams(temperature=0.0, max_tokens=4 + 2 * i, ignore_eos=True) if i % 2 == 0 else
-                  SamplingParams(temperature=0.9, top_p=0.9, seed=100 + i, max_tokens=4 + 2 * i, ignore_eos=True))
+        # The last (greedy) request outlives the others: its steps run as an all-greedy batch.
+        n_tokens = 4 + 2 * i if i < n - 1 else 40
+        params = (SamplingParams(temperature=0.0, max_tokens=n_tokens, ignore_eos=True) if i % 2 == 0 else
+                  SamplingParams(temperature=0.9, top_p=0.9, seed=100 + i, max_tokens=n_tokens, ignore_eos=True))
         out.append((f"r{i}", prompt, params))
     return out
 
@@ -75,8 +77,8 @@ def graphed_run(qwen3_dir, drafter, spec, max_bs, caplog, backend="reference"):
         B, bucket = inputs.batch_size, graphed_fn.bucket_for(inputs.batch_size)
         out = graphed_fn(inputs, tree)
         # Padding rows (a batch of 3 in the bucket of 4) point at page 0 only: never a live page.
-        assert graphed_fn.static[bucket].inputs.page_table[B:].eq(0).all()
-        used.append((B, bucket))
+        assert graphed_fn.static[bucket, inputs.all_greedy].inputs.page_table[B:].eq(0).all()
+        used.append((B, bucket, inputs.all_greedy))
         return out
 
     spy.can_run = graphed_fn.can_run
@@ -91,7 +93,8 @@ def graphed_run(qwen3_dir, drafter, spec, max_bs, caplog, backend="reference"):
 def test_graphed_steps_equal_eager(qwen3_dir, drafter, spec, backend, caplog):
     eager, graphed, used = graphed_run(qwen3_dir, drafter, spec, 4, caplog, backend)
     assert graphed == eager
-    assert {1, 2, 4} <= {bucket for _, bucket in used}       # the batch shrank through every bucket
+    assert {1, 2, 4} <= {bucket for _, bucket, _ in used}    # the batch shrank through every bucket
+    assert {True, False} <= {greedy for _, _, greedy in used}  # all-greedy batches and sampled ones
     assert any("exceeds the largest CUDA graph" in r.message for r in caplog.records)  # 7 > 4: eager, logged
 
 
@@ -99,4 +102,4 @@ def test_graphed_steps_equal_eager(qwen3_dir, drafter, spec, backend, caplog):
 def test_padded_buckets_equal_eager(qwen3_dir, drafter, spec, caplog):
     eager, graphed, used = graphed_run(qwen3_dir, drafter, spec, 8, caplog)
     assert graphed == eager
-    assert (7, 8) in used                                      # 7 rows padded to the bucket of 8
+    assert (7, 8, False) in used                               # 7 rows padded to the bucket of 8

@@ -52,6 +52,7 @@ def assert_equal(out, ref):
 def test_rms_norm_is_exact(shape, dtype):
     x = randn(*shape, seed=1, scale=3.0, dtype=dtype)
     w = randn(shape[-1], seed=2, dtype=dtype)
+    assert triton_ops.rms_norm_is_fused(x, w)        # the kernel runs, not the eager fallback
     assert_equal(triton_ops.rms_norm(x, w, EPS), rms_norm_reference(x, w, EPS))
 
 
@@ -60,6 +61,7 @@ def test_rms_norm_is_exact(shape, dtype):
 def test_add_rms_norm_is_exact(shape, dtype):
     x, res = randn(*shape, seed=3, dtype=dtype), randn(*shape, seed=4, scale=4.0, dtype=dtype)
     w = randn(shape[-1], seed=5, dtype=dtype)
+    assert triton_ops.rms_norm_is_fused(x, w, res)
     normed, summed = triton_ops.add_rms_norm(x, res, w, EPS)
     ref_sum = x + res
     assert_equal(summed, ref_sum)
@@ -86,7 +88,7 @@ def test_reduction_order_matters_so_the_exact_tests_have_teeth():
 
 def test_rms_norm_falls_back_to_eager_for_non_contiguous_input():
     x, w = randn(6, 64, seed=10).t(), randn(6, seed=11)
-    assert not x.is_contiguous()
+    assert not x.is_contiguous() and not triton_ops.rms_norm_is_fused(x, w)
     assert_equal(triton_ops.rms_norm(x, w, EPS), rms_norm_reference(x, w, EPS))
 
 
@@ -100,6 +102,7 @@ def test_norms_of_merged_projection_views_are_exact(dtype):
     q, k = q.view(B, T, HQ, D), k.view(B, T, HK, D)
     assert not q.is_contiguous()
     w = randn(D, seed=31, dtype=dtype)
+    assert triton_ops.rms_norm_is_fused(q, w) and triton_ops.rms_norm_is_fused(k, w)
     assert_equal(triton_ops.rms_norm(q, w, EPS), rms_norm_reference(q, w, EPS))
     assert_equal(triton_ops.rms_norm(k, w, EPS), rms_norm_reference(k, w, EPS))
     wide = randn(B, T, 2 * 96, seed=32, dtype=dtype)
@@ -109,47 +112,32 @@ def test_norms_of_merged_projection_views_are_exact(dtype):
     assert_equal(normed, rms_norm_reference(x + res, randn(96, seed=34, dtype=dtype), EPS))
 
 
-def cuda_order_sum(sq: torch.Tensor) -> torch.Tensor:
-    """Σ over the last axis of a float32 `[rows, n]` in ATen's CUDA order, in plain torch ops
-    (IEEE float32 adds, the same on any device), for the plan of `cuda_reduce_plan`."""
-    rows, n = sq.shape
-    vec, bw, bh, passes = triton_ops.cuda_reduce_plan(rows, n)
-    s = bw * bh
-    acc = torch.zeros(rows, s, 4, dtype=torch.float32, device=sq.device)
-    if vec == 4:    # thread t, pass j: vector t + j·s, its lane i into accumulator i
-        v = sq.view(rows, n // 4, 4)
-        for j in range(passes):
-            chunk = v[:, j * s:(j + 1) * s]
-            acc[:, :chunk.shape[1]] += chunk
-    else:           # thread t, step k: element t + k·s into accumulator k % 4
-        for k in range(passes):
-            chunk = sq[:, k * s:(k + 1) * s]
-            acc[:, :chunk.shape[1], k % 4] += chunk
-    t = ((acc[..., 0] + acc[..., 1]) + acc[..., 2]) + acc[..., 3]
-    t = t.view(rows, bh, bw)
-    while t.shape[1] > 1:           # block_y_reduce: halving
-        t = t[:, :t.shape[1] // 2] + t[:, t.shape[1] // 2:]
-    t = t[:, 0]
-    while t.shape[1] > 32:          # block_x_reduce: halving in shared memory down to a warp ...
-        t = t[:, :t.shape[1] // 2] + t[:, t.shape[1] // 2:]
-    while t.shape[1] > 1:           # ... then shfl_down by 1, 2, 4, 8, 16
-        t = t[:, 0::2] + t[:, 1::2]
-    return t[:, 0]
-
-
 REDUCTIONS = [(1, 4096), (16, 4096), (2, 8192), (1, 128), (20, 128), (17, 96), (5, 8), (40, 1000)]
 
 
-@pytest.mark.parametrize("rows,n", REDUCTIONS, ids=str)
-def test_cuda_order_sum_of_squares(rows, n):
-    """The kernel's CUDA-order tree equals the plain-torch statement of ATen's order; on CUDA,
-    times the factor it also equals torch's own `pow(2).mean(-1)`."""
+MAIN = triton_ops.CUDA_ORDER_VARIANTS[0]
+ORDER_CASES = ([(rows, n, MAIN) for rows, n in REDUCTIONS]
+               + [(1, 4096, (128, False, "xy")), (16, 4096, (128, False, "xy")), (17, 96, (128, False, "xy")),
+                  (20, 128, (129, True, "xy")), (2, 8192, (128, True, "yx")), (2, 8192, (128, False, "yx"))])
+
+
+@pytest.mark.parametrize("rows,n,variant", ORDER_CASES, ids=str)
+def test_cuda_order_sum_of_squares(rows, n, variant):
+    """The kernel's CUDA-order tree equals the plain-torch statement of ATen's order, in each
+    variant (ATen versions differ); on CUDA, that of the running torch also equals torch's own
+    `pow(2).mean(-1)` once times the factor."""
     x = randn(rows, n, seed=12, scale=2.0)
-    ss = triton_ops.row_sum_of_squares(x, "cuda")
-    assert_equal(ss, cuda_order_sum(x * x))
-    if DEVICE == "cuda":
-        factor = torch.tensor(rows, dtype=torch.float32) / torch.tensor(rows * n, dtype=torch.float32)
-        assert_equal(ss * factor.to(DEVICE), x.pow(2).mean(-1))
+    ss = triton_ops.row_sum_of_squares(x, "cuda", variant)
+    assert_equal(ss, triton_ops.cuda_order_sum_reference(x * x, variant))
+    if DEVICE == "cuda" and variant == triton_ops.cuda_order_variant(DEVICE):
+        factor = torch.tensor(triton_ops._mean_factor(rows, n), device=DEVICE)
+        assert_equal(ss * factor, x.pow(2).mean(-1))
+
+
+def test_the_running_torchs_cuda_order_is_modelled():
+    if DEVICE != "cuda":
+        pytest.skip("needs CUDA: the CPU order is checked by every exactness test here")
+    assert triton_ops.cuda_order_variant(DEVICE) is not None
 
 
 def test_cuda_reduce_plan():
@@ -157,7 +145,8 @@ def test_cuda_reduce_plan():
     assert plan(1, 4096) == (4, 512, 1, 2)      # one row: 512 threads, 4-wide vectors, 2 passes
     assert plan(1088, 4096) == (4, 32, 1, 32)   # many rows: a warp per row
     assert plan(2, 8192) == (4, 256, 2, 4)      # split across 2 warps (block_y_reduce)
-    assert plan(4096, 128) == (1, 32, 1, 4)     # q/k norms: unvectorized, 4 steps a thread
+    assert plan(4096, 128) == (4, 32, 1, 1)     # q/k norms: vectorized from 128 on ...
+    assert plan(4096, 128, vec_min=129) == (1, 32, 1, 4)   # ... in older ATen from 129 on
     assert plan(1, 130) is None                 # vector tail: not modelled, eager runs
 
 

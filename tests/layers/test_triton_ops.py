@@ -288,9 +288,13 @@ def use_recommended_call_sites(monkeypatch, model):
 
     def attention_forward(self, x, cos, sin, layer, cache, plan, backend):
         B, Q, _ = x.shape
-        q = self.q_proj(x).view(B, Q, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(B, Q, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(B, Q, self.num_kv_heads, self.head_dim)
+        if getattr(self, "qkv_proj", None) is not None:
+            q, k, v = self.qkv_proj(x)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(B, Q, self.num_heads, self.head_dim)
+        k = k.view(B, Q, self.num_kv_heads, self.head_dim)
+        v = v.view(B, Q, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rope(q, k, cos, sin)

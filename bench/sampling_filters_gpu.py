@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import time
 
 import torch
+from cuda_timing import capture_graph, cuda_time_ms
 
 from blockspec.sampling import SamplingParams, SamplingTensors
 from blockspec.sampling_filters import (
@@ -84,34 +84,10 @@ def make_logits(rows: int, args, gen: torch.Generator, device) -> torch.Tensor:
     return logits.to(device=device, dtype=DTYPES[args.logits_dtype])
 
 
-def cuda_time_ms(fn, warmup: int, iters: int) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def capture(fn):
     """(graph, output) of `fn` captured in a CUDA graph, or (None, error text)."""
     try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn()
-        return graph, out
+        return capture_graph(fn, warmup=2)
     except Exception as e:  # noqa: BLE001 - reported, not fatal
         return None, f"{type(e).__name__}: {str(e)[:200]}"
 

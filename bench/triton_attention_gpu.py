@@ -18,11 +18,11 @@ import argparse
 import json
 import math
 import platform
-import statistics
 import sys
 import time
 
 import torch
+from cuda_timing import capture_graph, cuda_time_ms
 
 from blockspec.attention.metadata import causal_new_mask, full_new_mask, visibility_mask
 from blockspec.attention.reference import masked_attention
@@ -89,33 +89,10 @@ def build_case(batch, context, q_len, mode, args, gen, device):
                 new_mask=to(new_mask.contiguous()), positions=to(positions))
 
 
-def cuda_time_ms(fn, warmup: int, iters: int) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def graph_time_ms(fn, warmup: int, iters: int) -> float | None:
     """Replay of `fn` captured in a CUDA graph: the GPU time without Python launch overhead."""
     try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
+        graph, _ = capture_graph(fn)
     except Exception as e:  # noqa: BLE001 - a path that cannot be captured is reported, not fatal
         print(f"  (not capturable: {type(e).__name__}: {str(e)[:100]})", flush=True)
         return None

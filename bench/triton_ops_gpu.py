@@ -24,6 +24,7 @@ import traceback
 from pathlib import Path
 
 import torch
+from cuda_timing import capture_graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -195,16 +196,7 @@ def diagnostics() -> dict:
 
 def time_graph(fn, reps, replays) -> float:
     """Median µs per call over `replays` replays of a graph of `reps` calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
+    graph, _ = capture_graph(fn, reps)
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

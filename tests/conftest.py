@@ -11,8 +11,15 @@ TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
+import os  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+# Without CUDA the Triton kernels run under Triton's interpreter. The variable is read when a
+# kernel is defined, so it is set here, before any test module can import one.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from fixtures import write_llama, write_qwen2, write_qwen3, write_tiny_vocab_qwen3  # noqa: E402
 

@@ -1,7 +1,8 @@
 """The package layout's rules, checked from the source: no import cycle between packages, and
 data flowing one way (request → scheduler → batch → runner → model → speculative step → output).
 
-Imports inside functions count too: a lazy import is still a dependency.
+Imports inside functions count too: a lazy import is still a dependency. Imports under
+`if TYPE_CHECKING:` do not: they exist for annotations only and never run.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def imported_modules(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
     found = set()
-    for node in ast.walk(tree):
+    for node in _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -45,6 +46,18 @@ def imported_modules(path: Path) -> set[str]:
             elif node.module:
                 found.add(node.module)
     return found
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node except those under `if TYPE_CHECKING:`."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
 
 
 def package_graph() -> dict[str, set[str]]:

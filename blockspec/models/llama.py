@@ -14,7 +14,8 @@ from torch import nn
 from blockspec.attention.backend import AttentionBackend, AttentionPlan
 from blockspec.config import ModelConfig
 from blockspec.kv.cache import CacheSpec, KVCache
-from blockspec.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope
+from blockspec.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from blockspec.layers.rope import ApplyRope
 from blockspec.layers.linear import MergedLinear
 from blockspec.models.base import DecoderLM, default_backend
 
@@ -34,6 +35,7 @@ class LlamaAttention(nn.Module):
             self.q_norm = self.k_norm = None
         self.scale = cfg.head_dim ** -0.5
         self.qkv_proj: MergedLinear | None = None
+        self.rope = ApplyRope()           # parameterless: q and k in one launch when fused
 
     def merge_projections(self) -> None:
         """q, k and v as one product (see layers/linear.py); the separate layers are dropped."""
@@ -51,7 +53,7 @@ class LlamaAttention(nn.Module):
         v = v.view(B, Q, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = self.rope(q, k, cos, sin)
         out = backend.forward(q, k, v, cache, layer, plan, self.scale)
         return self.o_proj(out.reshape(B, Q, -1))
 
@@ -65,8 +67,9 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, layer, cache, plan, backend):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, cache, plan, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, layer, cache, plan, backend)
+        h, x = self.post_attention_layernorm.forward_with_residual(attn, x)   # the residual add + norm
+        return x + self.mlp(h)
 
 
 class LlamaModel(nn.Module):

@@ -280,41 +280,8 @@ def logits(model, ids):
         return model.logits(hidden)
 
 
-def use_recommended_call_sites(monkeypatch, model):
-    """The call-site changes recommended for models/llama.py (RoPE of q and k in one launch via
-    an `ApplyRope` submodule; the residual add fused into post_attention_layernorm), applied
-    here by patching, until llama.py adopts them."""
-    from blockspec.models.llama import LlamaAttention, LlamaDecoderLayer
-
-    def attention_forward(self, x, cos, sin, layer, cache, plan, backend):
-        B, Q, _ = x.shape
-        if getattr(self, "qkv_proj", None) is not None:
-            q, k, v = self.qkv_proj(x)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(B, Q, self.num_heads, self.head_dim)
-        k = k.view(B, Q, self.num_kv_heads, self.head_dim)
-        v = v.view(B, Q, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(q, k, cos, sin)
-        out = backend.forward(q, k, v, cache, layer, plan, self.scale)
-        return self.o_proj(out.reshape(B, Q, -1))
-
-    def layer_forward(self, x, cos, sin, layer, cache, plan, backend):
-        attn = self.self_attn(self.input_layernorm(x), cos, sin, layer, cache, plan, backend)
-        h, x = self.post_attention_layernorm.forward_with_residual(attn, x)
-        return x + self.mlp(h)
-
-    monkeypatch.setattr(LlamaAttention, "forward", attention_forward)
-    monkeypatch.setattr(LlamaDecoderLayer, "forward", layer_forward)
-    for m in model.modules():
-        if isinstance(m, LlamaAttention):
-            m.rope = ApplyRope()
-
-
 @pytest.mark.parametrize("dtype", ["float32"] + (["bfloat16"] if DEVICE == "cuda" else []))
-def test_tiny_model_logits_identical_with_fused_ops(qwen3_dir, dtype, monkeypatch):
+def test_tiny_model_logits_identical_with_fused_ops(qwen3_dir, dtype):
     from blockspec.models.loader import load_target
     model = load_target(qwen3_dir, dtype, DEVICE)
     ids = torch.randint(0, model.config.vocab_size, (2, 4), generator=torch.Generator().manual_seed(0))
@@ -322,10 +289,9 @@ def test_tiny_model_logits_identical_with_fused_ops(qwen3_dir, dtype, monkeypatc
     # The layers as they are: every RMSNorm (q/k norms and the final norm too) fused.
     assert enable_fused_ops(model, ops=("rms_norm",), allow_interpreter=True) > 0
     assert_equal(logits(model, ids), eager)
-    # With the recommended call sites: RoPE and residual add + norm fused as well.
-    use_recommended_call_sites(monkeypatch, model)
+    # RoPE and the residual add + norm fused as well.
     disable_fused_ops(model)
-    assert_equal(logits(model, ids), eager)          # the new call sites alone change nothing
+    assert_equal(logits(model, ids), eager)
     enable_fused_ops(model, ops=("rms_norm", "rope"), allow_interpreter=True)
     assert_equal(logits(model, ids), eager)
     # And silu·mul: exact on CUDA, within float32 rounding under the interpreter (exp).

@@ -320,6 +320,9 @@ def run_step_bench(cfg: StepBenchConfig, log=print) -> dict:
                 measure(f"verify tree {nodes}", batch, FixedTreeProposer(tree, True), 0.0, weights + kv)
             measure(f"dflash step (block {cfg.block_size})", batch, DFlashProposer(dcfg, cfg.block_size), 0.0,
                     weights + kv + drafter_bytes, drafter)
+            for nodes in cfg.trees:
+                measure(f"ddtree step (budget {nodes})", batch, DFlashProposer(dcfg, cfg.block_size, nodes), 0.0,
+                        weights + kv + drafter_bytes, drafter)
     by_name = {(f.name, f.batch): f for f in figures}
     chain = by_name.get((f"verify chain {cfg.chain}", 1))
     full = by_name.get((f"dflash step (block {cfg.block_size})", 1))

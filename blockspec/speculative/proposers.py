@@ -14,6 +14,8 @@ the cache and every step has the same shapes:
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from blockspec.attention.backend import AttentionBackend
@@ -23,6 +25,8 @@ from blockspec.kv.cache import KVCache
 from blockspec.sampling import filtered_probs, sample_from_probs
 from blockspec.speculative.ngram import propose_ngram_batch
 from blockspec.speculative.tree import DraftTree, build_tree, chain_tree
+
+log = logging.getLogger("blockspec.proposers")
 
 
 class Proposer:
@@ -91,7 +95,8 @@ class DFlashProposer(Proposer):
         self.tree_topk = tree_topk
         self.max_nodes = tree_budget if tree_budget is not None else self.max_depth
         self.builds_trees = tree_budget is not None
-        self.drafts_on_device = tree_budget is None     # DDTree's best-first search runs on the host
+        self.drafts_on_device = True
+        self.build_tree = build_tree     # DDTree's search; on CUDA the same search as a kernel (attach)
         self.target_layer_ids = config.target_layer_ids
         self.mask_token_id = config.mask_token_id
 
@@ -107,7 +112,29 @@ class DFlashProposer(Proposer):
         slots, own tensors)."""
         self.drafter, self.target = drafter, target
         weight = target.lm_head.weight
+        if weight.device.type == "cuda" and self.tree_budget is not None:
+            self._use_tree_kernel(weight.device)
         self.cache = drafter.config.cache_spec.allocate(num_pages, page_size, weight.dtype, weight.device)
+
+    def _use_tree_kernel(self, device: torch.device) -> None:
+        """On CUDA the tree is built by a kernel, so draft → tree → verify is one CUDA graph (on
+        the CPU the host heap is the faster; both give the same tree, tested). The kernel is
+        checked against the heap once here; if it cannot run, trees are built on the host and
+        the log says so."""
+        from blockspec.speculative.tree_kernel import build_tree_triton
+        probe = torch.log_softmax(torch.arange(2 * 3 * 8, dtype=torch.float32).reshape(2, 3, 8).sin() * 4, -1)
+        try:
+            got, want = build_tree_triton(probe.to(device), 6), build_tree(probe, 6)
+            same = all(torch.equal(getattr(got, f).cpu(), getattr(want, f)) for f in ("tokens", "parents", "depths"))
+            error = "" if same else "its tree differs from the host heap's"
+        except Exception as e:  # noqa: BLE001 - reported below, and the host heap is used
+            same, error = False, f"{type(e).__name__}: {e}"
+        if same:
+            self.build_tree = build_tree_triton
+            return
+        log.warning("DDTree's tree kernel is unusable (%s): trees are built on the host, outside the CUDA graph",
+                    error[:200])
+        self.drafts_on_device = False
 
     @torch.inference_mode()
     def on_prefill(self, features, batch: AttentionBatch, positions) -> None:
@@ -127,7 +154,7 @@ class DFlashProposer(Proposer):
             return chain_tree(drafts, inputs.roots), q
         if self.tree_budget is None:
             return chain_tree(logits.argmax(-1), inputs.roots), None
-        return build_tree(torch.log_softmax(logits, -1), self.tree_budget, self.tree_topk, inputs.roots), None
+        return self.build_tree(torch.log_softmax(logits, -1), self.tree_budget, self.tree_topk, inputs.roots), None
 
     @torch.inference_mode()
     def on_verify(self, inputs: StepInputs, accept_len: torch.Tensor, path_features: torch.Tensor) -> None:

@@ -20,7 +20,7 @@ def test_bench_step_tiny_cpu(tmp_path, capsys):
     result = json.loads(out.read_text())
     names = {(f["name"], f["batch"]) for f in result["figures"]}
     assert {("decode T=0", 1), ("decode T=0.6", 1), ("decode T=0", 2), ("verify chain 4", 1),
-            ("verify tree 6", 1), ("dflash step (block 4)", 1)} <= names
+            ("verify tree 6", 1), ("dflash step (block 4)", 1), ("ddtree step (budget 6)", 1)} <= names
     widths = {f["name"]: f["width"] for f in result["figures"]}
     assert widths["verify chain 4"] == 4 and widths["verify tree 6"] == 7 and widths["decode T=0"] == 1
     assert all(f["ms"] > 0 and f["floor_ms"] > 0 for f in result["figures"])

@@ -39,6 +39,7 @@ EVERY_FLAG = {
     "--engine-seed": ("7", "seed", 7),
     "--attention-backend": ("triton", "attention_backend", "triton"),
     "--disable-cuda-graph": (None, "cuda_graph", False),
+    "--disable-fused-ops": (None, "fused_ops", False),
     "--cuda-graph-max-bs": ("16", "cuda_graph_max_bs", 16),
 }
 

@@ -89,9 +89,12 @@ def random_target(raw: dict, dtype: torch.dtype, device: torch.device, backend, 
         model.lm_head.weight = model.model.embed_tokens.weight
     _randomize(model, seed)
     model.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim).to(device)
-    if device.type == "cuda":
-        model.merge_projections()           # as the engine does on CUDA
-    return model.eval()
+    model.eval()
+    if device.type == "cuda":               # as the engine does on CUDA
+        from blockspec.engine.fused import use_fused_ops_if_exact
+        model.merge_projections()
+        use_fused_ops_if_exact(model)
+    return model
 
 
 def random_drafter(cfg: DFlashConfig, dtype, device, backend, seed: int = 1) -> DFlashDrafter:

@@ -32,6 +32,7 @@ class EngineConfig:
     attention_backend: str = "auto"    # auto: triton on CUDA, reference on CPU
     cuda_graph: bool = True            # capture decode/verify steps on CUDA (ignored on CPU)
     cuda_graph_max_bs: int = 64        # largest captured batch; larger batches run eager (logged)
+    fused_ops: bool = True             # fused Triton RMSNorm/RoPE/SwiGLU on CUDA, if equal to eager (checked)
 
     def validate(self) -> None:
         if self.spec not in SPEC_ALGORITHMS:

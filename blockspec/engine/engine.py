@@ -15,6 +15,7 @@ import torch
 from blockspec.attention.backend import select_backend
 from blockspec.batch import decode_inputs, prefill_inputs
 from blockspec.engine.config import EngineConfig
+from blockspec.engine.fused import use_fused_ops_if_exact
 from blockspec.engine.outputs import SpecMetrics, StepOutput
 from blockspec.engine.runner import ModelRunner
 from blockspec.engine.scheduler import Scheduler
@@ -59,6 +60,8 @@ class Engine:
         self.model = load_target(config.model, config.dtype, self.device, self.attention_backend)
         if self.device.type == "cuda":
             self.model.merge_projections()      # one product for q/k/v (layers/linear.py)
+            if config.fused_ops:
+                use_fused_ops_if_exact(self.model)
         self.tokenizer = Tokenizer.load(config.model)
         self.model_name = Path(config.model).name
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings

@@ -121,9 +121,17 @@ class Tokenizer:
     def detokenizer(self, prompt_ids: list[int] | None = None,
                     skip_special_tokens: bool = True) -> "IncrementalDetokenizer":
         """A streaming detokenizer for a sequence that continues `prompt_ids`."""
-        decode = self._hf.decode
-        return IncrementalDetokenizer(
-            lambda ids: decode(ids, skip_special_tokens=skip_special_tokens), prompt_ids)
+        return IncrementalDetokenizer(self._id_decoder(skip_special_tokens), prompt_ids)
+
+    def _id_decoder(self, skip_special_tokens: bool) -> Callable[[list[int]], str]:
+        """ids → text. A fast tokenizer that does no clean-up decodes straight through its Rust
+        backend: the same text as transformers' `decode` (which calls it, then cleans up), without
+        the Python around it that dominated the host's per-token cost."""
+        hf = self._hf
+        backend = getattr(hf, "backend_tokenizer", None)
+        if backend is not None and not getattr(hf, "clean_up_tokenization_spaces", False):
+            return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
+        return lambda ids: hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
 class IncrementalDetokenizer:

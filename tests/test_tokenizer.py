@@ -250,3 +250,15 @@ def test_push_decodes_a_bounded_window(bpe):
     out = "".join(detok.push([i]) for i in ids) + detok.flush()
     assert out == bpe.decode(ids)
     assert len(ids) > 400 and max(seen_lengths) <= 12
+
+
+def test_fast_decode_path_gives_transformers_text(qwen3_dir):
+    """The detokenizer's direct backend decode equals transformers' decode, special tokens
+    skipped or kept (random ids, specials included)."""
+    tok = Tokenizer.load(qwen3_dir)
+    rng = random.Random(0)
+    for skip in (True, False):
+        fast = tok._id_decoder(skip)
+        for _ in range(20):
+            ids = [rng.randrange(512) for _ in range(rng.randrange(1, 30))]
+            assert fast(ids) == tok._hf.decode(ids, skip_special_tokens=skip)

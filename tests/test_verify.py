@@ -431,3 +431,21 @@ def test_greedy_walk_equals_the_walk_over_one_hot_probabilities():
     assert want.accept_len.sum() > 0                   # the trees were walked, not just rooted
     for field in ("accept_len", "path", "committed"):
         assert torch.equal(getattr(got, field), getattr(want, field))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_chain_shortcut_equals_the_walk(seed):
+    """Chains: the run of leading matches is the walk (padded chains, full acceptance, none)."""
+    from blockspec.speculative.tree import chain_tree
+    from blockspec.speculative.verify import verify_tree_greedy
+    gen = torch.Generator().manual_seed(seed)
+    B, K, V = 8, 5, 3                                  # V = 3: drafts match often
+    tree = chain_tree(torch.randint(0, V, (B, K), generator=gen), torch.zeros(B, dtype=torch.long),
+                      torch.randint(0, K + 1, (B,), generator=gen))
+    target = torch.randint(0, V, (B, K + 1), generator=gen)
+    target[0, :K] = tree.tokens[0, 1:]                 # row 0 accepts everything it drafted
+    walk = verify_tree_greedy(target, tree.tokens, tree.parents, K, is_chain=False)
+    fast = verify_tree_greedy(target, tree.tokens, tree.parents, K, is_chain=True)
+    assert walk.accept_len[0] == tree.num_nodes[0]
+    for field in ("accept_len", "path", "committed"):
+        assert torch.equal(getattr(fast, field), getattr(walk, field))

@@ -103,7 +103,8 @@ class SpeculativeStep:
         if inputs.all_greedy and draft_probs is None:
             # No filters, no probabilities: the same walk over the argmax (a batch-wide fact
             # known on the host, so a graph is captured for each case).
-            result = verify_tree_greedy(logits.argmax(-1), tree.tokens, tree.parents, inputs.uniforms.shape[1] - 1)
+            result = verify_tree_greedy(logits.argmax(-1), tree.tokens, tree.parents, inputs.uniforms.shape[1] - 1,
+                                        tree.is_chain)
         else:
             result = self.verify(filtered_probs(logits, inputs.sampling), tree, draft_probs, inputs.uniforms)
         src, keep = accepted_kv_indices(result.path, result.accept_len)

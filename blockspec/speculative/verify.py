@@ -65,10 +65,18 @@ def verify_tree(
 
 
 def verify_tree_greedy(target_tokens: torch.Tensor, node_tokens: torch.Tensor, parents: torch.Tensor,
-                       max_depth: int) -> VerifyResult:
+                       max_depth: int, is_chain: bool = False) -> VerifyResult:
     """`verify_tree` for a batch whose every row is greedy, from the target's argmax after each
     node `[B, N+1]`: a one-hot p samples its argmax whatever the uniform, so this is the same
-    walk without materialising or filtering probabilities."""
+    walk without materialising or filtering probabilities. For chains (`is_chain`, N = D) the
+    walk is the run of leading matches, found in a few tensor ops instead of one pass a depth."""
+    if is_chain and node_tokens.shape[1] == max_depth + 1:
+        steps = torch.arange(max_depth + 1, device=node_tokens.device)
+        match = (target_tokens[:, :-1] == node_tokens[:, 1:]) & (parents[:, 1:] >= 0)
+        accept_len = match.long().cumprod(dim=1).sum(dim=1)
+        walked = steps[None, :] <= accept_len[:, None]
+        return VerifyResult(accept_len=accept_len, path=torch.where(walked, steps, -1),
+                            committed=torch.where(walked, target_tokens, -1))
     rows = torch.arange(target_tokens.shape[0], device=target_tokens.device)
     return _walk(lambda current, depth: target_tokens[rows, current], node_tokens, parents, max_depth)
 

@@ -16,7 +16,7 @@ from blockspec.speculative.tree import PAD_PARENT, ROOT_PARENT, DraftTree
 from blockspec.sampling import SamplingParams
 from blockspec.validation.lossless import chi_square_against_law, exact_joint_law, sample_continuations
 from dflash_fixtures import write_dflash_drafter
-from test_lossless import NUM_SAMPLES, NUM_TOKENS, PROMPT, SETTINGS, ALPHA, over_accepting_verify_tree
+from test_lossless import NUM_SAMPLES, NUM_TOKENS, PROMPT, SETTINGS, ALPHA, TEST_DEVICE, over_accepting_verify_tree
 from test_spec_greedy import prompts_for
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
@@ -69,7 +69,8 @@ def tiny_drafter(tiny_vocab_dir, tmp_path_factory):
 
 def tree_llm(model, drafter, budget):
     return LLM(model=model, spec="ddtree", draft_model=drafter, budget=budget, max_running_requests=4096,
-               max_prefill_tokens=4096 * len(PROMPT), kv_cache_tokens=4096 * 28, page_size=4, detokenize=False)
+               max_prefill_tokens=4096 * len(PROMPT), kv_cache_tokens=4096 * 28, page_size=4, detokenize=False,
+               device=TEST_DEVICE)
 
 
 @pytest.mark.parametrize("budget, setting", [(4, "t13_topp_minp"), (8, "t1"), (16, "t07_topk5")])

@@ -6,6 +6,8 @@ requests must pass a chi-square goodness-of-fit test at α = 1e-3, and a deliber
 verifier (one that over-accepts drafts, like a relaxed threshold) must fail the same test.
 """
 
+import os
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -16,6 +18,11 @@ from blockspec.sampling import SamplingParams
 from blockspec.speculative.verify import verify_tree
 from blockspec.validation.lossless import chi_square_against_law, exact_joint_law, sample_continuations
 from dflash_fixtures import write_dflash_drafter
+
+# The exact-law tests run on the CPU in `make test`; on a CUDA machine
+# `BLOCKSPEC_TEST_DEVICE=cuda pytest tests/test_lossless.py tests/test_ddtree.py` runs the engine on
+# the GPU path (Triton attention, CUDA graphs) against the same CPU-computed laws.
+TEST_DEVICE = os.environ.get("BLOCKSPEC_TEST_DEVICE", "cpu")
 
 ALPHA = 1e-3
 NUM_SAMPLES = 20_000
@@ -50,7 +57,7 @@ def drafter(tiny_vocab_dir, tmp_path_factory):
 def spec_llm(model, drafter, block, verify):
     return LLM(model=model, spec="dflash", draft_model=drafter, block_size=block, spec_verify=verify,
                max_running_requests=4096, max_prefill_tokens=4096 * len(PROMPT), kv_cache_tokens=4096 * 24,
-               page_size=4, detokenize=False)
+               page_size=4, detokenize=False, device=TEST_DEVICE)
 
 
 @pytest.mark.parametrize("block, verify, setting", CASES)
@@ -85,6 +92,6 @@ def test_negative_control_biased_verifier_fails(tiny_vocab_dir, drafter, laws, m
 def test_plain_sampling_matches_exact_law(tiny_vocab_dir, laws):
     """The reference itself: plain (non-speculative) sampling from the engine fits the law."""
     llm = LLM(model=tiny_vocab_dir, max_running_requests=4096, max_prefill_tokens=4096 * len(PROMPT),
-              kv_cache_tokens=4096 * 12, page_size=4, detokenize=False)
+              kv_cache_tokens=4096 * 12, page_size=4, detokenize=False, device=TEST_DEVICE)
     samples = sample_continuations(llm, PROMPT, SETTINGS["t13_topp_minp"], NUM_SAMPLES, NUM_TOKENS)
     assert chi_square_against_law(samples, laws["t13_topp_minp"]).p_value > ALPHA

@@ -1,0 +1,57 @@
+"""Host time of one engine decode step, the model's forward replaced by a stub: what the engine
+itself costs per step (scheduling, step inputs, commit, stops, detokenization) at a batch size.
+
+    python bench/host_overhead.py --batch 64 [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a script from the repo root
+
+from blockspec.llm import LLM  # noqa: E402
+from blockspec.sampling import SamplingParams  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--spec", default="none")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    engine = LLM(spec=args.spec, max_running_requests=args.batch).engine
+    for i in range(args.batch):
+        engine.add_request(f"r{i}", [5, 6, 7, 8 + i % 50] * 4,
+                           SamplingParams(temperature=0.0, max_tokens=10 * args.steps, ignore_eos=True))
+    while engine.scheduler.waiting or any(s.is_prefilling for s in engine.scheduler.running):
+        engine.step()
+    vocab = engine.model_config.vocab_size
+    engine.runner.verify = lambda inputs, tree: (torch.zeros(*tree.tokens.shape, vocab), None)
+    for _ in range(3):
+        engine.step()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        engine.step()
+    print(f"host ms per decode step, batch {args.batch}, forward stubbed: "
+          f"{(time.perf_counter() - start) / args.steps * 1e3:.2f}")
+    if args.profile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(args.steps):
+            engine.step()
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -86,9 +86,14 @@ def slots_at(page_table: torch.Tensor, page_size: int, positions: torch.Tensor,
 
 
 def page_table_tensor(seqs, device) -> torch.Tensor:
-    """`[B, P]` pages of every row, padded with 0, in one host→device copy."""
-    width = max(len(s.page_table.pages) for s in seqs) or 1
-    rows = [s.page_table.pages + [0] * (width - len(s.page_table.pages)) for s in seqs]
+    """`[B, P]` pages of every row, padded with 0, in one host→device copy: a gather of the
+    rows of the engine's persistent page-table store, or (tables without one) from the lists."""
+    tables = [s.page_table for s in seqs]
+    width = max(len(t.pages) for t in tables) or 1
+    store = tables[0].store
+    if store is not None and all(t.store is store and t.row is not None for t in tables):
+        return _to_device(store.rows([t.row for t in tables], width), device)
+    rows = [t.pages + [0] * (width - len(t.pages)) for t in tables]
     return _to_device(torch.tensor(rows, dtype=torch.long), device)
 
 

@@ -22,6 +22,7 @@ from blockspec.engine.scheduler import Scheduler
 from blockspec.engine.sequence import Sequence, Status
 from blockspec.engine.stops import first_stop_string, stop_prefix_holdback, token_stop_reason
 from blockspec.kv.allocator import PageAllocator, PageTable
+from blockspec.kv.page_table import PageTableStore
 from blockspec.models.loader import load_target, parse_device, parse_dtype
 from blockspec.models.registry import load_config
 from blockspec.sampling import SamplingParams, draw_uniforms, filtered_probs, make_generator, sample_from_probs
@@ -80,6 +81,9 @@ class Engine:
         kv_tokens = config.kv_cache_tokens or max(min(config.max_running_requests * per_request, 32768), per_request)
         num_pages = -(-kv_tokens // config.page_size) + 1  # whole pages holding kv_tokens, + reserved page 0
         self.allocator = PageAllocator(num_pages, config.page_size)
+        # Rows for every request that may hold pages at once; columns for a full context + lookahead.
+        self.page_tables = PageTableStore(config.max_running_requests,
+                                          -(-(self.max_model_len + lookahead) // config.page_size))
         self.cache = self.model.cache_spec.allocate(num_pages, config.page_size, parse_dtype(config.dtype), self.device)
         if self.proposer:
             self.proposer.load(self.model, num_pages, config.page_size, self.attention_backend)
@@ -122,7 +126,7 @@ class Engine:
         if total + self.lookahead > capacity:
             raise ValueError(f"prompt + max_tokens ({total}) + the speculative step's lookahead ({self.lookahead}) "
                              f"does not fit the K/V cache ({capacity} tokens); raise kv_cache_tokens")
-        seq = Sequence(request_id, list(prompt_token_ids), params, PageTable(self.allocator.page_size),
+        seq = Sequence(request_id, list(prompt_token_ids), params, PageTable(self.allocator.page_size, store=self.page_tables),
                        make_generator(params.seed), self._arrivals,
                        metrics=SpecMetrics(algorithm=self.spec_algorithm))
         self._arrivals += 1

@@ -7,6 +7,10 @@ step never needs a data-dependent shape to skip them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from blockspec.kv.page_table import PageTableStore
 
 
 class OutOfPages(RuntimeError):
@@ -51,10 +55,14 @@ class PageAllocator:
 
 @dataclass
 class PageTable:
-    """The pages of one sequence; position p lives in slot pages[p // S] * S + p % S."""
+    """The pages of one sequence; position p lives in slot pages[p // S] * S + p % S.
+
+    With a `store`, every change is mirrored into a row of its table (see kv/page_table.py)."""
 
     page_size: int
     pages: list[int] = field(default_factory=list)
+    store: "PageTableStore | None" = field(default=None, repr=False)
+    row: int | None = field(default=None, repr=False)
 
     @property
     def capacity(self) -> int:
@@ -67,13 +75,24 @@ class PageTable:
         """Make room for positions 0..num_tokens-1."""
         need = self.pages_needed(num_tokens)
         if need:
-            self.pages.extend(allocator.allocate(need))
+            new = allocator.allocate(need)
+            if self.store is not None:
+                if self.row is None:
+                    self.row = self.store.acquire()
+                self.store.write(self.row, len(self.pages), new)
+            self.pages.extend(new)
 
     def truncate(self, allocator: PageAllocator, num_tokens: int) -> None:
         """Keep only the pages that hold positions 0..num_tokens-1 (rollback is this)."""
         keep = -(-num_tokens // self.page_size)
         if keep < len(self.pages):
             allocator.free(self.pages[keep:])
+            if self.row is not None:
+                if keep == 0:
+                    self.store.release(self.row)
+                    self.row = None
+                else:
+                    self.store.clear(self.row, keep, len(self.pages))
             del self.pages[keep:]
 
     def release(self, allocator: PageAllocator) -> None:

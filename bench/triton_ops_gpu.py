@@ -28,7 +28,7 @@ from cuda_timing import capture_graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from blockspec.layers import triton_ops  # noqa: E402
+from blockspec.layers import triton_ops, triton_reduction  # noqa: E402
 from blockspec.layers.norm import rms_norm_reference  # noqa: E402
 from blockspec.layers.rope import apply_rope  # noqa: E402
 
@@ -137,14 +137,14 @@ def reduction_sweep(dtype_names) -> list[dict]:
                     mean = xf.pow(2).mean(-1)
                     factor = torch.tensor(triton_ops._mean_factor(rows, n), device="cuda")
                     variant = triton_ops.cuda_order_variant()
-                    if variant is not None and triton_ops.cuda_reduce_plan(rows, n, variant[0]) is not None:
+                    if variant is not None and triton_reduction.cuda_reduce_plan(rows, n, variant[0]) is not None:
                         ss = triton_ops.row_sum_of_squares(xf, "cuda", variant)
                         entry["mean"] = differ(ss * factor, mean)["mismatches"]
                     # which modelled orders reproduce torch here (diagnosis)
                     entry["matching_variants"] = [
-                        v for v in triton_ops.CUDA_ORDER_VARIANTS
-                        if triton_ops.cuda_reduce_plan(rows, n, v[0]) is not None
-                        and torch.equal(triton_ops.cuda_order_sum_reference(xf * xf, v) * factor, mean)]
+                        v for v in triton_reduction.CUDA_ORDER_VARIANTS
+                        if triton_reduction.cuda_reduce_plan(rows, n, v[0]) is not None
+                        and torch.equal(triton_reduction.cuda_order_sum_reference(xf * xf, v) * factor, mean)]
                 except Exception as e:
                     entry["error"] = f"{type(e).__name__}: {e}"
                 out.append(entry)

@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
 
-from blockspec.layers import triton_ops  # noqa: E402
+from blockspec.layers import triton_ops, triton_reduction  # noqa: E402
 from blockspec.layers.fused import disable_fused_ops, enable_fused_ops  # noqa: E402
 from blockspec.layers.mlp import SwiGLU  # noqa: E402
 from blockspec.layers.norm import RMSNorm, rms_norm_reference  # noqa: E402
@@ -115,7 +115,7 @@ def test_norms_of_merged_projection_views_are_exact(dtype):
 REDUCTIONS = [(1, 4096), (16, 4096), (2, 8192), (1, 128), (20, 128), (17, 96), (5, 8), (40, 1000)]
 
 
-MAIN = triton_ops.CUDA_ORDER_VARIANTS[0]
+MAIN = triton_reduction.CUDA_ORDER_VARIANTS[0]
 ORDER_CASES = ([(rows, n, MAIN) for rows, n in REDUCTIONS]
                + [(1, 4096, (128, False, "xy")), (16, 4096, (128, False, "xy")), (17, 96, (128, False, "xy")),
                   (20, 128, (129, True, "xy")), (2, 8192, (128, True, "yx")), (2, 8192, (128, False, "yx"))])
@@ -128,7 +128,7 @@ def test_cuda_order_sum_of_squares(rows, n, variant):
     `pow(2).mean(-1)` once times the factor."""
     x = randn(rows, n, seed=12, scale=2.0)
     ss = triton_ops.row_sum_of_squares(x, "cuda", variant)
-    assert_equal(ss, triton_ops.cuda_order_sum_reference(x * x, variant))
+    assert_equal(ss, triton_reduction.cuda_order_sum_reference(x * x, variant))
     if DEVICE == "cuda" and variant == triton_ops.cuda_order_variant(DEVICE):
         factor = torch.tensor(triton_ops._mean_factor(rows, n), device=DEVICE)
         assert_equal(ss * factor, x.pow(2).mean(-1))
@@ -141,7 +141,7 @@ def test_the_running_torchs_cuda_order_is_modelled():
 
 
 def test_cuda_reduce_plan():
-    plan = triton_ops.cuda_reduce_plan
+    plan = triton_reduction.cuda_reduce_plan
     assert plan(1, 4096) == (4, 512, 1, 2)      # one row: 512 threads, 4-wide vectors, 2 passes
     assert plan(1088, 4096) == (4, 32, 1, 32)   # many rows: a warp per row
     assert plan(2, 8192) == (4, 256, 2, 4)      # split across 2 warps (block_y_reduce)

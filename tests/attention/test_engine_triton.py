@@ -7,12 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("triton")
-
-from blockspec.engine.config import EngineConfig  # noqa: E402
-from blockspec.engine.engine import Engine  # noqa: E402
-from blockspec.sampling import SamplingParams  # noqa: E402
-from dflash_fixtures import write_dflash_drafter  # noqa: E402
+from blockspec.engine.config import EngineConfig
+from blockspec.engine.engine import Engine
+from blockspec.sampling import SamplingParams
+from dflash_fixtures import write_dflash_drafter
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

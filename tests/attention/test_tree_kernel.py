@@ -6,10 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("triton")
-
-from blockspec.speculative.tree import build_tree  # noqa: E402
-from blockspec.speculative.tree_kernel import build_tree_triton  # noqa: E402
+from blockspec.speculative.tree import build_tree
+from blockspec.speculative.tree_kernel import build_tree_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FIELDS = ("tokens", "parents", "depths", "num_nodes", "logprob")

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import logging
 
-import pytest
 import torch
 
-pytest.importorskip("triton")
-
-from blockspec.engine.fused import use_fused_ops_if_exact  # noqa: E402
-from blockspec.layers.norm import RMSNorm  # noqa: E402
-from blockspec.models.loader import load_target  # noqa: E402
+from blockspec.engine.fused import use_fused_ops_if_exact
+from blockspec.layers.norm import RMSNorm
+from blockspec.models.loader import load_target
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

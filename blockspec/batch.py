@@ -55,11 +55,9 @@ class StepInputs:
         """`[B]` decode roots: each row's last committed token (not cached yet)."""
         return self.input_ids[:, 0]
 
-    def positions(self, width: int, offsets: torch.Tensor | None = None) -> torch.Tensor:
-        """`[B, width]` positions prefix_len + offset (offsets default to 0 … width − 1)."""
-        if offsets is None:
-            offsets = torch.arange(width, device=self.device)[None, :]
-        return self.prefix_lens[:, None] + offsets
+    def positions(self, width: int) -> torch.Tensor:
+        """`[B, width]` positions prefix_len … prefix_len + width − 1."""
+        return self.prefix_lens[:, None] + torch.arange(width, device=self.device)[None, :]
 
     def slots(self, width: int, counts: torch.Tensor | None = None) -> torch.Tensor:
         """`[B, width]` cache slots of positions prefix_len … prefix_len + width − 1, computed on

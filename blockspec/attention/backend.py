@@ -19,12 +19,11 @@ from blockspec.kv.cache import KVCache
 
 @dataclass
 class AttentionPlan:
-    """One forward's planned attention: the batch, one layer variant's window/causality, and
-    backend-specific precomputation (`extra`)."""
+    """One forward's planned attention: the batch, one layer variant's window, and
+    backend-specific precomputation (`extra`, which also carries the variant's causality)."""
 
     batch: AttentionBatch
     sliding_window: int | None = None
-    causal: bool = False            # force causal inside a "full" block (DFlash causal layers)
     positions: torch.Tensor | None = None
     extra: object = None
 

@@ -37,18 +37,24 @@ class AttentionBatch:
         if self.mask_kind == "tree" and self.new_mask is None:
             raise ValueError("a tree mask needs new_mask")
 
-    @property
-    def width(self) -> int:
-        return self.slots.shape[1]
+    def mask_for(self, causal: bool = False) -> tuple[str, torch.Tensor | None]:
+        """(mask kind, explicit new_mask or None), made causal among the new tokens when `causal`
+        (a DFlash layer that attends causally inside its block)."""
+        if not causal or self.mask_kind == "causal":
+            return self.mask_kind, self.new_mask
+        if self.mask_kind == "full":
+            return "causal", None
+        return "tree", self.new_mask.tril()
 
     def dense_new_mask(self, causal: bool = False) -> torch.Tensor:
         """`[B, Q, Q]` bool, materialised for backends that take an explicit mask."""
+        kind, new_mask = self.mask_for(causal)
         B, Q = self.slots.shape
-        if self.mask_kind == "causal" or (causal and self.mask_kind == "full"):
+        if kind == "causal":
             return causal_new_mask(B, Q, self.slots.device)
-        if self.mask_kind == "full":
+        if kind == "full":
             return full_new_mask(B, Q, self.slots.device)
-        return self.new_mask.tril() if causal else self.new_mask
+        return new_mask
 
     def visibility(self, page_size: int, sliding_window: int | None = None,
                    positions: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:

@@ -20,7 +20,7 @@ class ReferenceBackend(AttentionBackend):
     def plan(self, batch: AttentionBatch, cache: KVCache, sliding_window: int | None = None,
              causal: bool = False, positions: torch.Tensor | None = None) -> AttentionPlan:
         visible = batch.visibility(cache.page_size, sliding_window, positions, causal)
-        return AttentionPlan(batch, sliding_window, causal, positions, extra=visible)
+        return AttentionPlan(batch, sliding_window, positions, extra=visible)
 
     def forward(self, q, k, v, cache: KVCache, layer: int, plan: AttentionPlan, scale: float) -> torch.Tensor:
         return paged_attention(q, k, v, cache, layer, plan.batch.slots, plan.batch.page_table, plan.extra, scale)

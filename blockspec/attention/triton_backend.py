@@ -16,12 +16,7 @@ class TritonBackend(AttentionBackend):
 
     def plan(self, batch: AttentionBatch, cache: KVCache, sliding_window: int | None = None,
              causal: bool = False, positions: torch.Tensor | None = None) -> AttentionPlan:
-        kind, new_mask = batch.mask_kind, batch.new_mask
-        if causal and kind == "full":
-            kind = "causal"
-        elif causal and kind == "tree":
-            new_mask = new_mask.tril()
-        return AttentionPlan(batch, sliding_window, causal, positions, extra=(kind, new_mask))
+        return AttentionPlan(batch, sliding_window, positions, extra=batch.mask_for(causal))
 
     def forward(self, q, k, v, cache: KVCache, layer: int, plan: AttentionPlan, scale: float) -> torch.Tensor:
         batch = plan.batch

@@ -22,6 +22,7 @@ from blockspec.attention.backend import select_backend
 from blockspec.batch import decode_inputs
 from blockspec.config import ModelConfig
 from blockspec.engine.cuda_graphs import GraphedStep
+from blockspec.engine.fused import prepare_for_cuda
 from blockspec.engine.runner import ModelRunner
 from blockspec.kv.allocator import PageAllocator, PageTable
 from blockspec.layers import RotaryEmbedding
@@ -82,28 +83,27 @@ def _randomize(module: torch.nn.Module, seed: int) -> None:
 def random_target(raw: dict, dtype: torch.dtype, device: torch.device, backend, seed: int = 0):
     """The registry's model for `raw`, random weights, built directly on the device."""
     cfg = architecture_of(raw).parse_config(raw)
-    with torch.device("meta"):
-        model = model_class_for(cfg)(cfg, backend)
-    model = model.to_empty(device=device).to(dtype)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    _randomize(model, seed)
-    model.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim).to(device)
-    model.eval()
-    if device.type == "cuda":               # as the engine does on CUDA
-        from blockspec.engine.fused import use_fused_ops_if_exact
-        model.merge_projections()
-        use_fused_ops_if_exact(model)
+    model = _random_module(lambda: model_class_for(cfg)(cfg, backend), cfg, dtype, device, seed)
+    if device.type == "cuda":
+        prepare_for_cuda(model)
     return model
 
 
 def random_drafter(cfg: DFlashConfig, dtype, device, backend, seed: int = 1) -> DFlashDrafter:
+    return _random_module(lambda: DFlashDrafter(cfg, backend), cfg, dtype, device, seed)
+
+
+def _random_module(build, cfg, dtype, device, seed: int):
+    """`build()` on the meta device, materialised on `device` in `dtype` with random weights;
+    tied embeddings re-tied, RoPE frequencies rebuilt in float32."""
     with torch.device("meta"):
-        drafter = DFlashDrafter(cfg, backend)
-    drafter = drafter.to_empty(device=device).to(dtype)
-    _randomize(drafter, seed)
-    drafter.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim).to(device)
-    return drafter.eval()
+        module = build()
+    module = module.to_empty(device=device).to(dtype)
+    if getattr(cfg, "tie_word_embeddings", False):
+        module.lm_head.weight = module.model.embed_tokens.weight
+    _randomize(module, seed)
+    module.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim).to(device)
+    return module.eval()
 
 
 class FixedTreeProposer(Proposer):

@@ -1,10 +1,10 @@
 """CUDA graphs for the decode step: capture once per batch bucket, replay with static buffers.
 
-What is captured is `SpeculativeStep.device_step` — for plain decoding and DFlash chains the
-whole step (drafter forward, target forward, filters, verification walk, K/V compaction, the
-drafter's new context); for host-drafted trees (n-gram, DDTree) everything after drafting — at
-the method's fixed verify width. The host copies a step's
-inputs into the bucket's static buffers and replays; rows past the real batch are padding whose
+What is captured is `SpeculativeStep.device_step` — for plain decoding, DFlash chains and (on
+CUDA, where its search is a kernel) DDTree the whole step (drafter forward, tree, target
+forward, filters, verification, K/V compaction, the drafter's new context); for host-drafted
+trees (n-gram) everything after drafting — at the method's fixed verify width. The host copies
+a step's inputs into the bucket's static buffers and replays; rows past the real batch are padding whose
 page table is zeroed, so they read and write only page 0 (never a live sequence's pages).
 A batch larger than the largest bucket runs eagerly, and the log says so.
 

@@ -15,7 +15,7 @@ import torch
 from blockspec.attention.backend import select_backend
 from blockspec.batch import decode_inputs, prefill_inputs
 from blockspec.engine.config import EngineConfig
-from blockspec.engine.fused import use_fused_ops_if_exact
+from blockspec.engine.fused import prepare_for_cuda
 from blockspec.engine.outputs import SpecMetrics, StepOutput
 from blockspec.engine.runner import ModelRunner
 from blockspec.engine.scheduler import Scheduler
@@ -60,9 +60,7 @@ class Engine:
         self.model_config = load_config(config.model)
         self.model = load_target(config.model, config.dtype, self.device, self.attention_backend)
         if self.device.type == "cuda":
-            self.model.merge_projections()      # one product for q/k/v (layers/linear.py)
-            if config.fused_ops:
-                use_fused_ops_if_exact(self.model)
+            prepare_for_cuda(self.model, config.fused_ops)
         self.tokenizer = Tokenizer.load(config.model)
         self.model_name = Path(config.model).name
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
@@ -101,9 +99,8 @@ class Engine:
         """CUDA graphs of the decode step (plain decoding is a verify of width 1)."""
         from blockspec.engine.cuda_graphs import GraphedStep
         width = 1 + (self.proposer.max_nodes if self.proposer else 0)
-        max_pages = -(-(self.max_model_len + self.lookahead) // self.config.page_size)
         graphed = GraphedStep(lambda inputs, tree: self.spec_step.device_step(self.runner, inputs, tree),
-                              width, self.spec_step.uniforms_per_row, max_pages, self.config.page_size,
+                              width, self.spec_step.uniforms_per_row, self.page_tables.max_pages, self.config.page_size,
                               bool(self.proposer and self.proposer.builds_trees), self.spec_step.drafts_on_device,
                               self.device, min(self.config.cuda_graph_max_bs, self.config.max_running_requests))
         graphed.capture()

@@ -34,6 +34,14 @@ def probe_logits(model) -> torch.Tensor:
     return model.logits(hidden)
 
 
+def prepare_for_cuda(model, fused_ops: bool = True) -> None:
+    """What the engine does to a loaded target on CUDA: q/k/v as one product
+    (layers/linear.py) and, unless turned off, the fused kernels that keep the logits exact."""
+    model.merge_projections()
+    if fused_ops:
+        use_fused_ops_if_exact(model)
+
+
 def use_fused_ops_if_exact(model, ops: tuple[str, ...] | None = None) -> list[str]:
     """Enable each fused op (all, or `ops`) on `model` whose probe logits stay bit-identical;
     log what was kept and what stayed eager, and why. Returns the ops in use."""

@@ -24,6 +24,7 @@ from blockspec.attention.metadata import AttentionBatch
 from blockspec.config import ModelConfig, RopeConfig
 from blockspec.kv.cache import CacheSpec, KVCache
 from blockspec.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope
+from blockspec.models.base import default_backend
 from blockspec.models.loader import load_state_dict
 
 
@@ -162,7 +163,6 @@ class DFlashLayer(nn.Module):
 class DFlashDrafter(nn.Module):
     def __init__(self, cfg: DFlashConfig, backend: AttentionBackend | None = None):
         super().__init__()
-        from blockspec.models.base import default_backend
         self.config = cfg
         self.backend = backend or default_backend()
         self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.num_layers))

@@ -1,7 +1,10 @@
 """Host time of one engine decode step, the model's forward replaced by a stub: what the engine
 itself costs per step (scheduling, step inputs, commit, stops, detokenization) at a batch size.
+With `--real-forward` the step runs whole (on `--device`, CUDA graphs included), so the figure is
+a real decode step's wall time and the profile says where it goes.
 
     python bench/host_overhead.py --batch 64 [--profile]
+    python bench/host_overhead.py --device cuda --dtype bfloat16 --real-forward --batch 1 --profile
 """
 
 from __future__ import annotations
@@ -27,21 +30,26 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--spec", default="none")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--real-forward", action="store_true", help="keep the model's forward (a whole step)")
     args = ap.parse_args()
-    engine = LLM(spec=args.spec, max_running_requests=args.batch).engine
+    engine = LLM(spec=args.spec, max_running_requests=args.batch, device=args.device, dtype=args.dtype).engine
     for i in range(args.batch):
         engine.add_request(f"r{i}", [5, 6, 7, 8 + i % 50] * 4,
                            SamplingParams(temperature=0.0, max_tokens=10 * args.steps, ignore_eos=True))
     while engine.scheduler.waiting or any(s.is_prefilling for s in engine.scheduler.running):
         engine.step()
-    vocab = engine.model_config.vocab_size
-    engine.runner.verify = lambda inputs, tree: (torch.zeros(*tree.tokens.shape, vocab), None)
+    if not args.real_forward:
+        vocab = engine.model_config.vocab_size
+        engine.runner.verify = lambda inputs, tree: (torch.zeros(*tree.tokens.shape, vocab), None)
     for _ in range(3):
         engine.step()
     start = time.perf_counter()
     for _ in range(args.steps):
         engine.step()
-    print(f"host ms per decode step, batch {args.batch}, forward stubbed: "
+    what = "whole step" if args.real_forward else "forward stubbed"
+    print(f"host ms per decode step, batch {args.batch}, spec {args.spec}, {args.device}, {what}: "
           f"{(time.perf_counter() - start) / args.steps * 1e3:.2f}")
     if args.profile:
         profiler = cProfile.Profile()

@@ -143,6 +143,8 @@ class StepFigure:
     floor_ms: float
     ratio: float
     capture_s: float | None = None
+    replay_ms: float | None = None      # the captured graph alone: the step's device time
+    host_ms: float | None = None        # ms − replay_ms: step inputs, buffer copies, the sync
 
 
 class StepHarness:
@@ -188,7 +190,7 @@ class StepHarness:
         inputs = decode_inputs(self.seqs, self.uniforms, self.cache.page_size, self.device)
         return self.spec_step.run(self.runner, inputs, self.graphed)
 
-    def profile(self, steps: int = 3, top: int = 25) -> list[dict]:
+    def profile(self, steps: int = 3, top: int = 40) -> list[dict]:
         """Where a step's GPU time goes: kernels by total device time over `steps` steps (each
         kernel's own time; launch gaps are the difference to the wall time)."""
         from torch.profiler import ProfilerActivity, profile
@@ -205,6 +207,22 @@ class StepHarness:
                 rows.append({"kernel": ev.key[:120], "us_per_step": device_us / steps, "calls_per_step": ev.count / steps})
         rows.sort(key=lambda r: -r["us_per_step"])
         return rows[:top]
+
+    def replay_ms(self, iters: int, warmup: int = 3) -> float | None:
+        """Mean time of the bucket's graph replayed back to back (no host work between): the
+        step's device time. None without graphs."""
+        if self.graphed is None:
+            return None
+        greedy = all(s.params.greedy for s in self.seqs)
+        graph = self.graphed.static[len(self.seqs), greedy].graph
+        for _ in range(warmup):
+            graph.replay()
+        _sync(self.device)
+        start = time.perf_counter()
+        for _ in range(iters):
+            graph.replay()
+        _sync(self.device)
+        return (time.perf_counter() - start) / iters * 1e3
 
     def time_ms(self, iters: int, warmup: int = 3) -> float:
         for _ in range(warmup):
@@ -296,17 +314,21 @@ def run_step_bench(cfg: StepBenchConfig, log=print) -> dict:
     def measure(name, batch, proposer, temperature, floor_bytes, drafter=None):
         harness = StepHarness(model, batch, cfg.context, proposer, temperature, cfg.graphs, drafter=drafter)
         ms = harness.time_ms(cfg.iters)
-        if cfg.profile and device.type == "cuda" and batch == 1 and temperature == 0:
-            eager = StepHarness(model, batch, cfg.context, proposer, temperature, False, drafter=drafter)
-            kernels = eager.profile()
-            profiles[name] = {"eager_ms": eager.time_ms(cfg.iters),
-                              "kernel_us_sum": sum(k["us_per_step"] for k in kernels), "top_kernels": kernels}
-            del eager
+        replay = harness.replay_ms(cfg.iters)
+        if cfg.profile and device.type == "cuda" and (batch == 1 or proposer is None):
+            # The graphed step's kernels (what replay runs); the sum against the replay time is
+            # the launch gaps inside the graph.
+            kernels = harness.profile()
+            profiles[f"{name} batch {batch}"] = {
+                "graphed": harness.graphed is not None, "kernel_us_sum": sum(k["us_per_step"] for k in kernels),
+                "replay_ms": replay, "top_kernels": kernels}
         fl = floor_ms(floor_bytes)
-        fig = StepFigure(name, batch, harness.width, ms, fl, ms / fl, harness.capture_s)
+        fig = StepFigure(name, batch, harness.width, ms, fl, ms / fl, harness.capture_s, replay,
+                         None if replay is None else ms - replay)
         figures.append(fig)
         log(f"{name:<28} batch {batch:>3} width {fig.width:>3}: {ms:8.3f} ms  floor {fl:7.3f} ms  "
-            f"× {fig.ratio:5.2f}" + (f"  capture {fig.capture_s:.1f} s" if fig.capture_s else ""))
+            f"× {fig.ratio:5.2f}" + (f"  replay {replay:7.3f} ms (× {replay / fl:5.2f})" if replay else "")
+            + (f"  capture {fig.capture_s:.1f} s" if fig.capture_s else ""))
         del harness
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -1,5 +1,6 @@
-"""The CUDA backend: K/V written with one index copy per tensor, attention by the Triton kernel
-(`attention/triton_paged.py`), which reads each row's pages in place through the page table."""
+"""The CUDA backend: new K/V written by one Triton launch (`attention/triton_kv_write.py`),
+attention by the Triton kernel (`attention/triton_paged.py`), which reads each row's pages in
+place through the page table."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 
 from blockspec.attention.backend import AttentionBackend, AttentionPlan
 from blockspec.attention.metadata import AttentionBatch
+from blockspec.attention.triton_kv_write import write_kv
 from blockspec.attention.triton_paged import paged_attention
 from blockspec.kv.cache import KVCache
 
@@ -20,7 +22,8 @@ class TritonBackend(AttentionBackend):
 
     def forward(self, q, k, v, cache: KVCache, layer: int, plan: AttentionPlan, scale: float) -> torch.Tensor:
         batch = plan.batch
-        cache.write(layer, batch.slots, k, v)
+        if not write_kv(cache.k[layer], cache.v[layer], batch.slots, k, v):
+            cache.write(layer, batch.slots, k, v)
         kind, new_mask = plan.extra
         # The kernel indexes these by row with unit stride: views of packed host copies are not.
         return paged_attention(q, cache.k[layer], cache.v[layer], batch.page_table.contiguous(),

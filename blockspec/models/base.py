@@ -1,8 +1,9 @@
 """What every target family shares: embed → decoder layers → final norm, feature capture, logits.
 
 A family supplies its decoder layers; each layer is called as
-`layer(x, cos, sin, index, cache, plan)` and reaches attention only through `self.backend`
-(the engine's choice: reference on CPU, Triton on CUDA), never a kernel directly.
+`layer(x, residual, cos, sin, index, cache, plan, backend) -> (x, residual)` (its output is
+the sum, added by the next norm) and reaches attention only through `backend` (the engine's
+choice: reference on CPU, Triton on CUDA), never a kernel directly.
 """
 
 from __future__ import annotations
@@ -48,15 +49,16 @@ class DecoderLM(nn.Module):
         (layer id i = output of decoder layer i = transformers' hidden_states[i + 1]; for the
         last layer that tuple holds the final-normed state, and so do we).
         """
-        x = self.embed(input_ids)
+        x, residual = self.embed(input_ids), None
         cos, sin = self.rotary(positions, x.dtype)
         plan = self.backend.plan(batch, cache)
         captured = {}
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, i, cache, plan, self.backend)
+            # A layer's output is x + residual; the add is left to the next norm (one launch).
+            x, residual = layer(x, residual, cos, sin, i, cache, plan, self.backend)
             if i in capture_layers:
-                captured[i] = x
-        normed = self.model.norm(x)
+                captured[i] = x + residual
+        normed = self.model.norm(x) if residual is None else self.model.norm.forward_with_residual(x, residual)[0]
         captured[len(self.model.layers) - 1] = normed
         features = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
         return normed, features

@@ -66,10 +66,18 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, layer, cache, plan, backend):
-        attn = self.self_attn(self.input_layernorm(x), cos, sin, layer, cache, plan, backend)
-        h, x = self.post_attention_layernorm.forward_with_residual(attn, x)   # the residual add + norm
-        return x + self.mlp(h)
+    def forward(self, x, residual, cos, sin, layer, cache, plan, backend):
+        """x: the previous layer's MLP output (the embeddings for the first layer, residual
+        None); returns `(mlp output, residual stream)`. The layer's output is their sum, which
+        the next norm adds (`forward_with_residual`: one launch when fused, bit for bit
+        `residual + mlp` either way)."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm.forward_with_residual(x, residual)
+        attn = self.self_attn(h, cos, sin, layer, cache, plan, backend)
+        h, residual = self.post_attention_layernorm.forward_with_residual(attn, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):

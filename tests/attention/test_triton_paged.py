@@ -211,3 +211,26 @@ def test_choose_num_splits():
     assert choose_num_splits(64, 8, 1, 8192, 1, 132) == 1
     assert choose_num_splits(1, 8, 1, 128, 1, 132) == 1
     assert choose_num_splits(1, 8, 16, 8192, 1024, 132) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kv_write_kernel_equals_the_index_copy(dtype):
+    """One launch for K and V, from strided views of a merged projection, lands where
+    `KVCache.write` puts them, and nowhere else."""
+    from blockspec.attention.triton_kv_write import write_kv
+    from blockspec.kv.cache import KVCache
+    gen = torch.Generator().manual_seed(3)
+    B, Q, H, D, layers = 3, 5, 2, 16, 2
+    merged = torch.randn(B, Q, (4 + 2 * H) * D, generator=gen).to(dtype)
+    k = merged[..., 4 * D:(4 + H) * D].view(B, Q, H, D)          # strided, like qkv_proj's split
+    v = merged[..., (4 + H) * D:].view(B, Q, H, D)
+    slots = torch.randperm(6 * 16 - 16, generator=gen)[:B * Q].view(B, Q) + 16
+    expected = KVCache(layers, 6, 16, H, D, dtype, "cpu")
+    expected.k.normal_(generator=gen)
+    expected.v.normal_(generator=gen)
+    got = KVCache(layers, 6, 16, H, D, dtype, DEVICE)
+    got.k.copy_(expected.k)
+    got.v.copy_(expected.v)
+    expected.write(1, slots, k, v)
+    assert write_kv(got.k[1], got.v[1], slots.to(DEVICE), k.to(DEVICE), v.to(DEVICE))
+    assert torch.equal(got.k.cpu(), expected.k) and torch.equal(got.v.cpu(), expected.v)

@@ -64,7 +64,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, model_required: boo
     g.add_argument("--budget", type=positive_int, default=None, help="DDTree node budget")
     g.add_argument("--topk", type=positive_int, default=None, help="DDTree top-k per depth")
     g.add_argument("--spec-verify", default=_engine_default("spec_verify"), choices=SPEC_VERIFY_RULES,
-                   help="rejection: drafts sampled from the drafter's q, rejection-sampled (dflash)")
+                   help="rejection: drafts sampled from the drafter's q, rejection-sampled (dflash chains; "
+                        "ddtree: sampled children, recursive rejection sampling; greedy rows keep the walk)")
     mrr = max_running_requests_default
     g.add_argument("--max-running-requests", type=positive_int, default=mrr,
                    help=f"most requests decoded at once (default: {mrr or _engine_default('max_running_requests')})")

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from blockspec.engine.config import SPEC_VERIFY_RULES
 from blockspec.engine.outputs import SpecMetrics
 from blockspec.llm import LLM
 from blockspec.sampling import SamplingParams
@@ -29,11 +30,12 @@ def load_prompt_sets(tokenizer, num_prompts: int, datasets=DATASETS) -> dict[str
     return {name: [render_prompt(hf, p.messages)[-320:] for p in loaders[name](num_prompts)] for name in datasets}
 
 
-def measure(llm: LLM, prompts: list[list[int]], temperature: float, max_tokens: int, batch: int) -> dict:
+def measure(llm: LLM, prompts: list[list[int]], temperature: float, max_tokens: int, batch: int,
+            top_p: float = 1.0) -> dict:
     total = SpecMetrics(algorithm=llm.engine.spec_algorithm)
     tokens, start = 0, time.perf_counter()
     for i in range(0, len(prompts), batch):
-        params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=i + j)
+        params = [SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=i + j)
                   for j in range(len(prompts[i:i + batch]))]
         for out in llm.generate(prompts[i:i + batch], params):
             total.merge(out.metrics)
@@ -51,8 +53,11 @@ def main(argv=None) -> int:
     ap.add_argument("--target", required=True)
     ap.add_argument("--drafter", action="append", required=True, help="STEP=DIR (repeatable)")
     ap.add_argument("--spec", default="dflash")
-    ap.add_argument("--spec-verify", default="target-only", choices=["target-only", "rejection"],
-                    help="rejection: drafts sampled from the drafter's q, rejection sampling (dflash)")
+    ap.add_argument("--spec-verify", default="target-only", choices=SPEC_VERIFY_RULES,
+                    help="rejection: drafts sampled from the drafter's q, rejection sampling (dflash chains, "
+                         "ddtree trees)")
+    ap.add_argument("--budget", type=int, default=None, help="DDTree node budget (default 16)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="top_p of the sampled requests")
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--datasets", default=",".join(DATASETS), help="held-out prompt sets: sharegpt,humaneval")
@@ -79,14 +84,14 @@ def main(argv=None) -> int:
         try:
             llm = LLM(model=args.target, draft_model=path, spec=args.spec, block_size=args.block_size,
                       device=args.device, dtype=args.dtype, max_running_requests=args.batch,
-                      spec_verify=args.spec_verify)
+                      spec_verify=args.spec_verify, budget=args.budget)
         except (ValueError, FileNotFoundError) as e:
             ap.exit(2, f"acceptance: error: {e}\n")
         prompt_sets = prompt_sets or load_prompt_sets(llm.tokenizer, args.num_prompts, datasets)
         for name, prompts in prompt_sets.items():
             for t in temps:
-                rec = {"step": int(step), "dataset": name, "temperature": t,
-                       **measure(llm, prompts, t, args.max_tokens, args.batch)}
+                rec = {"step": int(step), "dataset": name, "temperature": t, "top_p": args.top_p,
+                       **measure(llm, prompts, t, args.max_tokens, args.batch, args.top_p)}
                 print(json.dumps({k: v for k, v in rec.items() if k != "acceptance_per_position"}), flush=True)
                 records.append(rec)
                 # Written after every record: a run stopped early keeps what it measured.
@@ -99,7 +104,7 @@ def main(argv=None) -> int:
 def write_results(args, argv, records: list[dict]) -> None:
     out = {"command": "python -m blockspec.bench.acceptance " + " ".join(argv or sys.argv[1:]),
            "target": args.target, "spec": args.spec, "spec_verify": args.spec_verify,
-           "block_size": args.block_size, "max_tokens": args.max_tokens,
+           "block_size": args.block_size, "budget": args.budget, "top_p": args.top_p, "max_tokens": args.max_tokens,
            "device": args.device, "dtype": args.dtype, "records": records}
     Path(args.output).write_text(json.dumps(out, indent=2))
 

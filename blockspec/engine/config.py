@@ -19,7 +19,7 @@ class EngineConfig:
     spec: str = "none"
     draft_model: str | None = None
     block_size: int | None = None
-    spec_verify: str = "target-only"   # or "rejection": drafts sampled from q (dflash chains)
+    spec_verify: str = "target-only"   # or "rejection": drafts sampled from q (dflash chains, ddtree children)
     tree_budget: int | None = None
     tree_topk: int | None = None
     max_running_requests: int = 64

@@ -2,8 +2,9 @@
 
 `propose(seqs, inputs)` returns `(tree, draft_probs)`: draft_probs is None for point-mass
 drafts (verified target-only) and the filtered draft distribution q `[B, L, V]` when the
-drafts were sampled from q (verified by rejection sampling; they use `inputs.uniforms[:, :L]`,
-see `speculative/step.py`). Trees stay on the device.
+drafts were sampled from q (verified by rejection sampling; sampled chains draw with
+`inputs.uniforms[:, :L]`, sampled trees with `[:, :N]`, see `speculative/step.py`). Trees stay
+on the device.
 
 Each proposer has static sizes, known before anything is loaded, so that the engine can size
 the cache and every step has the same shapes:
@@ -24,6 +25,7 @@ from blockspec.batch import StepInputs
 from blockspec.kv.cache import KVCache
 from blockspec.sampling import filtered_probs, sample_from_probs
 from blockspec.speculative.ngram import propose_ngram_batch
+from blockspec.speculative.sampled_tree import fill_with_samples, shape_scores
 from blockspec.speculative.tree import DraftTree, build_tree, chain_tree
 
 log = logging.getLogger("blockspec.proposers")
@@ -79,9 +81,8 @@ class DFlashProposer(Proposer):
                  tree_topk: int | None = None, sample_drafts: bool = False, draft_dir: str | None = None):
         """`config`: the drafter's `DFlashConfig` (sizes are fixed here, weights come later:
         from `draft_dir` in `load`, or an in-memory drafter through `attach`).
-        `sample_drafts`: draw drafts from the filtered drafter distribution q (chains only)."""
-        if sample_drafts and tree_budget is not None:
-            raise ValueError("rejection verification (sampled drafts) is for chains; ddtree verifies target-only")
+        `sample_drafts`: draw drafts from the filtered drafter distribution q: a chain of draws,
+        or (DDTree) the tree's children as draws without replacement (`sampled_tree`)."""
         self.sample_drafts = sample_drafts
         self.draft_dir = draft_dir
         self.config = config
@@ -148,13 +149,23 @@ class DFlashProposer(Proposer):
         batch = inputs.attention_batch(S, torch.full((B,), S, device=inputs.device), "full")
         hidden = self.drafter(self.target.embed(block), inputs.positions(S), self.cache, batch)
         logits = self.target.logits(hidden[:, 1:])                     # [B, L, V]
-        if self.sample_drafts:
+        if self.sample_drafts and self.tree_budget is None:
             q = filtered_probs(logits, inputs.sampling)
             drafts = sample_from_probs(q, inputs.uniforms[:, :self.max_depth])
             return chain_tree(drafts, inputs.roots), q
         if self.tree_budget is None:
             return chain_tree(logits.argmax(-1), inputs.roots), None
+        if self.sample_drafts and not inputs.all_greedy:
+            return self.sampled_tree(logits, inputs)
         return self.build_tree(torch.log_softmax(logits, -1), self.tree_budget, self.tree_topk, inputs.roots), None
+
+    def sampled_tree(self, logits: torch.Tensor, inputs: StepInputs) -> tuple[DraftTree, torch.Tensor]:
+        """DDTree with sampled children for sampled rows (greedy rows keep today's top-k tree),
+        and q filtered exactly as the target's p is (docs/verification.md)."""
+        q = filtered_probs(logits, inputs.sampling)
+        sampled_rows = ~inputs.sampling.greedy
+        tree = self.build_tree(shape_scores(logits, q, sampled_rows), self.tree_budget, self.tree_topk, inputs.roots)
+        return fill_with_samples(tree, q, inputs.uniforms[:, :self.max_nodes], sampled_rows), q
 
     @torch.inference_mode()
     def on_verify(self, inputs: StepInputs, accept_len: torch.Tensor, path_features: torch.Tensor) -> None:
@@ -183,8 +194,6 @@ def build_proposer(config, target_config):
         if config.spec == "dflash":
             return DFlashProposer(drafter_config, config.block_size, sample_drafts=config.spec_verify == "rejection",
                                   draft_dir=config.draft_model)
-        if config.spec_verify == "rejection":
-            raise ValueError("spec_verify 'rejection' needs sampled chain drafts: use spec 'dflash'")
         return DFlashProposer(drafter_config, config.block_size, config.tree_budget or 16, config.tree_topk,
-                              draft_dir=config.draft_model)
+                              sample_drafts=config.spec_verify == "rejection", draft_dir=config.draft_model)
     raise ValueError(f"unknown spec {config.spec!r}")

@@ -15,7 +15,8 @@ import torch
 from blockspec.batch import StepInputs
 from blockspec.sampling import filtered_probs
 from blockspec.speculative.tree import DraftTree, accepted_kv_indices, chain_tree
-from blockspec.speculative.verify import VerifyResult, verify_chain_rejection, verify_tree, verify_tree_greedy
+from blockspec.speculative.verify import (VerifyResult, verify_chain_rejection, verify_tree, verify_tree_greedy,
+                                          verify_mixed_tree)
 
 
 class TargetForward(Protocol):
@@ -49,14 +50,19 @@ class SpeculativeStep:
     def __init__(self, proposer, spec_verify: str = "target-only"):
         self.proposer = proposer
         self.rejection = spec_verify == "rejection"
+        # Rejection sampling of trees whose children were sampled from q (ddtree), not chains.
+        self.sampled_trees = self.rejection and bool(proposer and proposer.builds_trees)
+        self.max_depth = proposer.max_depth if proposer else 0
 
     @property
     def uniforms_per_row(self) -> int:
         """Every request draws this many uniforms per step, whatever is accepted, so a seeded
         request's stream does not depend on acceptance. Target-only verification uses one per
-        depth (L + 1); rejection sampling [draft L | accept L | residual L + 1]."""
-        depth = self.proposer.max_depth if self.proposer else 0
-        return 3 * depth + 1 if self.rejection else depth + 1
+        depth (L + 1); rejection sampling of a chain [draft L | accept L | residual L + 1]; of
+        a sampled tree of N nodes [draw N | accept N | bonus 1]."""
+        if self.sampled_trees:
+            return 2 * self.proposer.max_nodes + 1
+        return 3 * self.max_depth + 1 if self.rejection else self.max_depth + 1
 
     @property
     def drafts_on_device(self) -> bool:
@@ -103,10 +109,10 @@ class SpeculativeStep:
         if inputs.all_greedy and draft_probs is None:
             # No filters, no probabilities: the same walk over the argmax (a batch-wide fact
             # known on the host, so a graph is captured for each case).
-            result = verify_tree_greedy(logits.argmax(-1), tree.tokens, tree.parents, inputs.uniforms.shape[1] - 1,
-                                        tree.is_chain)
+            result = verify_tree_greedy(logits.argmax(-1), tree.tokens, tree.parents, self.max_depth, tree.is_chain)
         else:
-            result = self.verify(filtered_probs(logits, inputs.sampling), tree, draft_probs, inputs.uniforms)
+            result = self.verify(filtered_probs(logits, inputs.sampling), tree, draft_probs, inputs.uniforms,
+                                 inputs.sampling.greedy)
         src, keep = accepted_kv_indices(result.path, result.accept_len)
         # Any row that branches may accept a path with gaps. (A batch's deepest row being a full
         # chain says nothing about the other rows: each row is checked when the tree is built.)
@@ -119,8 +125,15 @@ class SpeculativeStep:
         return result, path_features
 
     def verify(self, probs: torch.Tensor, tree: DraftTree, draft_probs: torch.Tensor | None,
-               uniforms: torch.Tensor) -> VerifyResult:
-        """Target-only tree walk, or rejection sampling of a chain sampled from q (docs/verification.md)."""
+               uniforms: torch.Tensor, greedy_rows: torch.Tensor | None = None) -> VerifyResult:
+        """Target-only tree walk, rejection sampling of a chain sampled from q, or recursive
+        rejection sampling of a tree sampled from q with greedy rows walked (docs/verification.md)."""
+        if self.sampled_trees:
+            if draft_probs is None:
+                # Sampled rows' children came from q: without it they cannot be verified, and
+                # no q is made up for them.
+                raise ValueError("spec_verify 'rejection' on a tree: the proposer gave no draft distribution q")
+            return verify_mixed_tree(probs, draft_probs, tree, uniforms, greedy_rows, self.max_depth)
         if draft_probs is None:
             return verify_tree(probs, tree.tokens, tree.parents, uniforms)
         L = tree.width - 1

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from blockspec.sampling import sample_from_probs
-from blockspec.speculative.tree import PAD_PARENT
+from blockspec.speculative.tree import PAD_PARENT, DraftTree
 
 
 @dataclass
@@ -194,3 +194,126 @@ def verify_chain_rejection(
     )
     path = torch.where(positions.unsqueeze(0) <= accept_len.unsqueeze(1), positions, -1)
     return VerifyResult(accept_len=accept_len, path=path, committed=committed)
+
+
+def sibling_proposal(remaining_q: torch.Tensor) -> torch.Tensor:
+    """The law a sibling was drawn from: q with its elder siblings' tokens removed (`[B, V]`,
+    zeros there), renormalised. Sampling without replacement makes this renormalisation part
+    of the rule: testing against the unrenormalised q would over-accept."""
+    mass = remaining_q.sum(dim=-1, keepdim=True)
+    return remaining_q / mass.clamp(min=torch.finfo(remaining_q.dtype).tiny)
+
+
+def rejection_residual(residual: torch.Tensor, proposal: torch.Tensor) -> torch.Tensor:
+    """After a rejection: norm((r − q)⁺), `[B, V]`. Where that is all zero the rejection had
+    probability 0 (r ≤ q everywhere means r = q); r is kept so nothing divides by zero."""
+    left = (residual - proposal).clamp(min=0.0)
+    total = left.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, left / total.clamp(min=torch.finfo(left.dtype).tiny), residual)
+
+
+def verify_sampled_tree(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    node_tokens: torch.Tensor,
+    parents: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    bonus_uniforms: torch.Tensor,
+    max_depth: int,
+) -> VerifyResult:
+    """Recursive rejection sampling of a tree whose children were sampled from q without
+    replacement (`sampled_tree.sample_children`; SpecInfer / SpecTr-style multi-draft).
+
+    target_probs [B, N+1, V] (p after each node), draft_probs [B, L, V] (q of depths 1…L, the
+    law a depth-d node's children were drawn from is q[:, d]), node_tokens, parents [B, N+1]
+    (siblings in draw order = index order), accept_uniforms [B, N] float64 (node i is tested
+    with [:, i − 1]), bonus_uniforms [B] float64, max_depth D (result width D + 1).
+
+    At the current node v the residual r starts as p_v. Its children x_1, x_2, … are tested in
+    draw order: x_i is accepted when u · q_i(x_i) < r(x_i), q_i = q with x_1…x_{i−1} removed
+    and renormalised (`sibling_proposal`), and the walk moves to it; otherwise
+    r ← norm((r − q_i)⁺) (`rejection_residual`) and the next sibling is tested. When no
+    sibling is left, the bonus is drawn from r.
+
+    Why it is exact: given that the walk reaches sibling i with residual r, x_i is a fresh draw
+    from q_i (its uniform and its elders' rejections are independent of it), so the token
+    committed from here is x_i w.p. q_i(t) min(1, r(t)/q_i(t)) = min(r, q_i)(t), or else, w.p.
+    1 − Σ min(r, q_i) = Σ (r − q_i)⁺, a token from norm((r − q_i)⁺): in all min(r, q_i) +
+    (r − q_i)⁺ = r. By induction over the siblings (the last step is the bonus draw from r),
+    the token committed at v is distributed as p_v, and after accepting x_i the walk restarts
+    at a node whose children were drawn independently of everything so far. A rejected x_i has
+    r(x_i) < q_i(x_i), so the residual is 0 on it and on every elder: the drawn tokens leave no
+    mass behind, the reason sampling without replacement is exact with renormalised q_i.
+
+    One pass per test: each real node is tested at most once and the last pass only ends the
+    walk, so N + 1 fixed passes cover every row (no host sync, no per-row Python).
+    """
+    batch, width, _ = target_probs.shape
+    num_depths = draft_probs.shape[1]
+    device = target_probs.device
+    rows = torch.arange(batch, device=device)
+    node_ids = torch.arange(width, device=device)
+    steps = torch.arange(max_depth + 1, device=device)
+    node_tokens = node_tokens.to(device=device, dtype=torch.int64)
+    accept_uniforms = accept_uniforms.to(device=device, dtype=torch.float64)
+    node_uniforms = torch.cat([torch.zeros_like(accept_uniforms[:, :1]), accept_uniforms], dim=1)
+
+    current = torch.zeros(batch, dtype=torch.int64, device=device)
+    depth = torch.zeros_like(current)
+    walking = torch.ones(batch, dtype=torch.bool, device=device)
+    tested = torch.zeros(batch, width, dtype=torch.bool, device=device)
+    residual = target_probs[:, 0]
+    remaining_q = draft_probs[:, 0] if num_depths else torch.zeros_like(residual)
+    path = torch.full((batch, max_depth + 1), -1, dtype=torch.int64, device=device)
+    path[:, 0] = 0
+    committed = torch.full_like(path, -1)
+
+    for _ in range(width):
+        candidates = (parents == current[:, None]) & ~tested
+        child = torch.where(candidates, node_ids, width).amin(dim=1)
+        testing = walking & (child < width)
+        walking = testing                               # a row with no child left stops here
+        child = child.clamp(max=width - 1)
+        token = node_tokens[rows, child]
+        proposal = sibling_proposal(remaining_q)
+        q_of_token = proposal[rows, token].double()
+        accepted = testing & (node_uniforms[rows, child] * q_of_token < residual[rows, token].double())
+        rejected = testing & ~accepted
+
+        at_depth = steps[None, :] == depth[:, None]
+        committed = torch.where(at_depth & accepted[:, None], token[:, None], committed)
+        path = torch.where((steps[None, :] == depth[:, None] + 1) & accepted[:, None], child[:, None], path)
+        next_q = draft_probs[rows, (depth + 1).clamp(max=max(num_depths - 1, 0))] if num_depths else remaining_q
+        residual = torch.where(accepted[:, None], target_probs[rows, child],
+                               torch.where(rejected[:, None], rejection_residual(residual, proposal), residual))
+        removed = remaining_q.scatter(1, token[:, None], 0.0)
+        remaining_q = torch.where(accepted[:, None], next_q, torch.where(rejected[:, None], removed, remaining_q))
+        tested = tested | (rejected[:, None] & (node_ids[None, :] == child[:, None]))
+        current = torch.where(accepted, child, current)
+        depth = depth + accepted.long()
+
+    # Every row has stopped: its bonus comes from the residual it stopped with.
+    bonus = sample_from_probs(residual, bonus_uniforms.to(device=device, dtype=torch.float64))
+    committed = torch.where(steps[None, :] == depth[:, None], bonus[:, None], committed)
+    return VerifyResult(accept_len=depth.clone(), path=path, committed=committed)
+
+
+def verify_mixed_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tree: DraftTree,
+                      uniforms: torch.Tensor, greedy_rows: torch.Tensor, max_depth: int) -> VerifyResult:
+    """The per-request rule for a batch of DDTree trees under `spec_verify="rejection"`:
+    greedy rows (`greedy_rows [B]` bool) keep the target-only walk over their top-k tree; the
+    others verify their sampled children by recursive rejection sampling.
+
+    target_probs [B, N+1, V], draft_probs [B, L, V], uniforms [B, 2N + 1] laid out
+    [draw N | accept N | bonus 1] (the draws were the proposer's). Both rules run on every
+    row (fixed shapes); each row keeps its own rule's result.
+    """
+    num_nodes = tree.width - 1
+    sampled = verify_sampled_tree(target_probs, draft_probs, tree.tokens, tree.parents,
+                                  uniforms[:, num_nodes:2 * num_nodes], uniforms[:, 2 * num_nodes], max_depth)
+    # A greedy row's p is the one-hot of its argmax, so the walk needs no probabilities.
+    walked = verify_tree_greedy(target_probs.argmax(-1), tree.tokens, tree.parents, max_depth)
+    greedy_rows = greedy_rows.to(target_probs.device)
+    pick = lambda walk, rrs: torch.where(greedy_rows.view(-1, *([1] * (walk.dim() - 1))), walk, rrs)  # noqa: E731
+    return VerifyResult(accept_len=pick(walked.accept_len, sampled.accept_len), path=pick(walked.path, sampled.path),
+                        committed=pick(walked.committed, sampled.committed))

@@ -56,7 +56,15 @@ def test_rejection_verification_is_passed_through(qwen3_dir, drafters, tmp_path)
                             "--spec-verify", "rejection", "--output", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["spec_verify"] == "rejection" and len(doc["records"]) == 1
-    with pytest.raises(SystemExit) as exc:                 # trees verify target-only: refused, not ignored
-        acceptance.main(["--target", qwen3_dir, "--drafter", f"1={drafters[0]}", "--spec", "ddtree",
+    tree_out = tmp_path / "tree.json"                      # sampled DDTree trees, with top_p and a budget
+    assert acceptance.main(["--target", qwen3_dir, "--drafter", f"1={drafters[0]}", "--spec", "ddtree",
+                            "--budget", "5", "--datasets", "humaneval", "--num-prompts", "2", "--max-tokens", "6",
+                            "--batch", "2", "--temperatures", "0.6", "--top-p", "0.95", "--spec-verify", "rejection",
+                            "--output", str(tree_out)]) == 0
+    tree_doc = json.loads(tree_out.read_text())
+    assert (tree_doc["spec"], tree_doc["budget"], tree_doc["top_p"]) == ("ddtree", 5, 0.95)
+    assert tree_doc["records"][0]["drafted_tokens"] <= 5 * tree_doc["records"][0]["verify_steps"]
+    with pytest.raises(SystemExit) as exc:                 # n-gram drafts are point masses: refused, not ignored
+        acceptance.main(["--target", qwen3_dir, "--drafter", f"1={drafters[0]}", "--spec", "ngram",
                          "--spec-verify", "rejection", "--output", str(tmp_path / "no.json")])
     assert exc.value.code == 2

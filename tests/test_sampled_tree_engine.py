@@ -1,0 +1,95 @@
+"""DDTree with `spec_verify="rejection"` through the engine: sampled trees are lossless (the
+exact joint law of the first tokens, tests/test_lossless.py style, batched: 20,000 seeded
+requests at once) at several budgets and filter mixes, a wrong residual rule fails the same
+test, greedy rows (alone or beside sampled ones) equal plain greedy decoding, and a sampled
+row without q is refused."""
+
+import pytest
+import torch
+
+import blockspec.speculative.verify as verify_module
+from blockspec.engine.config import EngineConfig
+from blockspec.engine.engine import Engine
+from blockspec.llm import LLM
+from blockspec.sampling import SamplingParams
+from blockspec.speculative.proposers import build_proposer
+from blockspec.validation.lossless import chi_square_against_law, sample_continuations
+from test_ddtree import GREEDY, drafter, tiny_drafter, tiny_law  # noqa: F401 - fixtures
+from test_lossless import ALPHA, NUM_SAMPLES, NUM_TOKENS, PROMPT, SETTINGS, TEST_DEVICE
+from test_sampled_tree import unrenormalised_proposal
+from test_spec_greedy import prompts_for
+
+
+def sampled_tree_llm(model, drafter, budget, topk=None):
+    return LLM(model=model, spec="ddtree", draft_model=drafter, budget=budget, topk=topk, spec_verify="rejection",
+               max_running_requests=4096, max_prefill_tokens=4096 * len(PROMPT), kv_cache_tokens=4096 * 28,
+               page_size=4, detokenize=False, device=TEST_DEVICE)
+
+
+@pytest.mark.parametrize("budget, topk, setting", [(4, None, "t13_topp_minp"), (8, None, "t1"), (16, 3, "t07_topk5")])
+def test_sampled_tree_rejection_matches_exact_law(tiny_vocab_dir, tiny_drafter, tiny_law, budget, topk, setting):
+    llm = sampled_tree_llm(tiny_vocab_dir, tiny_drafter, budget, topk)
+    samples = sample_continuations(llm, PROMPT, SETTINGS[setting], NUM_SAMPLES, NUM_TOKENS)
+    res = chi_square_against_law(samples, tiny_law[setting])
+    assert res.p_value > ALPHA, f"{budget=} {setting=} chi2={res.statistic:.1f} p={res.p_value:.2e}"
+    assert llm.engine.allocator.num_used_pages == 0
+
+
+def test_sampled_tree_with_unrenormalised_q_fails(tiny_vocab_dir, tiny_drafter, tiny_law, monkeypatch):
+    """Negative control: testing later siblings against q without renormalising it after the
+    drawn siblings are removed over-accepts, and the exact-law test must see it."""
+    monkeypatch.setattr(verify_module, "sibling_proposal", unrenormalised_proposal)
+    samples = sample_continuations(sampled_tree_llm(tiny_vocab_dir, tiny_drafter, 8), PROMPT, SETTINGS["t1"],
+                                   NUM_SAMPLES, NUM_TOKENS)
+    assert chi_square_against_law(samples, tiny_law["t1"]).p_value < ALPHA
+
+
+@pytest.mark.parametrize("budget, topk", [(4, None), (16, None), (12, 3)])
+def test_greedy_rows_equal_plain_greedy(qwen3_dir, drafter, budget, topk):
+    """All-greedy batches and greedy rows beside sampled ones (the per-row rule) both give
+    plain greedy output, token for token."""
+    prompts = prompts_for(512, [5, 18, 9, 27], seed=8)
+    expected = [o.token_ids for o in LLM(model=qwen3_dir).generate(prompts, GREEDY)]
+    llm = LLM(model=qwen3_dir, spec="ddtree", draft_model=drafter, budget=budget, topk=topk, spec_verify="rejection")
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
+    sampled = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=64, seed=3, ignore_eos=True)
+    mixed = llm.generate(prompts + prompts[:2], [GREEDY] * len(prompts) + [sampled] * 2)
+    assert [o.token_ids for o in mixed[:len(prompts)]] == expected
+    assert all(o.metrics.drafted_tokens > 0 for o in mixed)
+    assert llm.engine.allocator.num_used_pages == 0
+
+
+def test_seeded_sampled_row_same_alone_and_in_batch(qwen3_dir, drafter):
+    llm = LLM(model=qwen3_dir, spec="ddtree", draft_model=drafter, budget=8, spec_verify="rejection")
+    prompts = prompts_for(512, [9, 4, 20], seed=2)
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=1234, ignore_eos=True)
+    alone = llm.generate(prompts[0], seeded)[0].token_ids
+    others = [GREEDY, SamplingParams(temperature=1.0, top_k=20, max_tokens=30, ignore_eos=True)]
+    assert llm.generate(prompts, [seeded] + others)[0].token_ids == alone
+    assert llm.generate([prompts[2], prompts[0]], [others[1], seeded])[1].token_ids == alone
+
+
+def test_a_sampled_row_without_q_is_refused(qwen3_dir, drafter):
+    """A proposer that gives a tree but no q: sampled rows cannot be verified by rejection and
+    are refused; greedy rows (which need no q) still run."""
+    config = EngineConfig(model=qwen3_dir, spec="ddtree", draft_model=drafter, tree_budget=4, spec_verify="rejection")
+    from blockspec.models.loader import load_config
+    proposer = build_proposer(config, load_config(qwen3_dir))
+    plain_propose = proposer.propose
+    proposer.propose = lambda seqs, inputs: (plain_propose(seqs, inputs)[0], None)
+    llm = LLM.from_engine(Engine(config, proposer=proposer))
+    prompt = prompts_for(512, [7], seed=4)[0]
+    assert llm.generate(prompt, GREEDY)[0].token_ids == LLM(model=qwen3_dir).generate(prompt, GREEDY)[0].token_ids
+    with pytest.raises(ValueError, match="no draft distribution q"):
+        llm.generate(prompt, SamplingParams(temperature=1.0, max_tokens=8, seed=1))
+
+
+def test_rejection_is_accepted_for_ddtree_by_the_config_and_flags():
+    from blockspec.engine_args import add_engine_arguments, engine_config_from_args
+    import argparse
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    args = parser.parse_args(["--model", "m", "--draft-model", "d", "--spec", "ddtree", "--spec-verify", "rejection"])
+    config = engine_config_from_args(args)
+    config.validate()
+    assert (config.spec, config.spec_verify) == ("ddtree", "rejection")

@@ -15,8 +15,11 @@ from being emitted half-done.
 from __future__ import annotations
 
 import json
+import re
+import secrets
+import threading
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 MASK_TOKEN = "<|MASK|>"
 REPLACEMENT_CHAR = "\ufffd"
@@ -65,6 +68,13 @@ class Tokenizer:
         self.eos_token_ids: list[int] = list(eos_token_ids)
         self.vocab_size: int = len(hf_tokenizer)
         self.mask_token_id: int | None = hf_tokenizer.backend_tokenizer.token_to_id(MASK_TOKEN)
+        # Special (control) tokens by their text, longest first so that a regex prefers them.
+        specials = sorted({t.content: i for i, t in hf_tokenizer.added_tokens_decoder.items() if t.special}.items(),
+                          key=lambda item: -len(item[0]))
+        self._special_ids: dict[str, int] = dict(specials)
+        self._special_text = re.compile("|".join(re.escape(t) for t, _ in specials)) if specials else None
+        self._text_only_backend = None  # built on first use: a copy that never parses special tokens
+        self._text_only_lock = threading.Lock()
 
     @classmethod
     def load(cls, model_dir: str | Path) -> "Tokenizer":
@@ -112,11 +122,76 @@ class Tokenizer:
         return self._hf.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            **template_kwargs) -> list[int]:
-        """Token ids of the rendered chat; special tokens are not added again (the template has them)."""
-        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, **template_kwargs)
-        return self.encode(text, add_special_tokens=False)
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, *,
+                            special_tokens_in_content: bool = False, **template_kwargs) -> list[int]:
+        """Token ids of the rendered chat; special tokens are not added again (the template has them).
+
+        Special-token text inside the messages (a user typing "<|im_end|>\\n<|im_start|>system")
+        is encoded as ordinary text, so content cannot forge the template's markup, whose own
+        special tokens stay special. `special_tokens_in_content=True` encodes such text as the
+        special tokens instead (trusted content only).
+        """
+        if special_tokens_in_content or not self._has_special_text(messages):
+            # The common case, and byte-for-byte what transformers' tokenize=True gives.
+            text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, **template_kwargs)
+            return self.encode(text, add_special_tokens=False)
+        return self._encode_chat_content_as_text(messages, add_generation_prompt, template_kwargs)
+
+    def _has_special_text(self, messages: list[dict]) -> bool:
+        if self._special_text is None:
+            return False
+        found = False
+
+        def check(text: str) -> str:
+            nonlocal found
+            found = found or self._special_text.search(text) is not None
+            return text
+        _map_message_strings(messages, check)
+        return found
+
+    def _encode_chat_content_as_text(self, messages: list[dict], add_generation_prompt: bool,
+                                     template_kwargs: dict) -> list[int]:
+        """Render with every special-token text in the messages swapped for a placeholder (so the
+        template logic sees the same structure), then split the rendered text at the special
+        tokens left, which are the template's, and encode the text between them, placeholders
+        put back, with special-token parsing off. Splitting at special tokens is what the
+        tokenizer does itself, so for ByteLevel tokenizers (Qwen, Llama 3) the text around the
+        content is encoded as it would be without the forged tokens."""
+        specials = list(self._special_ids)
+        nonce = f"\ue000{secrets.randbelow(10**18)}:"  # digits only: survives upper/lower filters
+        index = {t: k for k, t in enumerate(specials)}
+        placeholder = re.compile(re.escape(nonce) + r"(\d+)\ue001")
+        neutral = _map_message_strings(
+            messages, lambda s: self._special_text.sub(lambda m: f"{nonce}{index[m.group()]}\ue001", s))
+        text = self.render_chat(neutral, add_generation_prompt=add_generation_prompt, **template_kwargs)
+
+        def encode_text(segment: str) -> list[int]:
+            segment = placeholder.sub(lambda m: specials[int(m.group(1))], segment)
+            if nonce in segment:  # the template cut a placeholder apart: cannot restore the content
+                raise RuntimeError("the chat template altered message content in a way that keeps "
+                                   "special-token text from being restored")
+            return list(self._text_only().encode(segment, add_special_tokens=False).ids) if segment else []
+
+        ids: list[int] = []
+        start = 0
+        for match in self._special_text.finditer(text):
+            ids += encode_text(text[start:match.start()])
+            ids.append(self._special_ids[match.group()])
+            start = match.end()
+        return ids + encode_text(text[start:])
+
+    def _text_only(self):
+        """A copy of the backend tokenizer that encodes special-token text as ordinary text (a
+        copy, not a toggled flag: other threads encode with the original at the same time)."""
+        with self._text_only_lock:
+            if self._text_only_backend is None:
+                from tokenizers import Tokenizer as BackendTokenizer
+                backend = BackendTokenizer.from_str(self._hf.backend_tokenizer.to_str())
+                backend.encode_special_tokens = True
+                backend.no_truncation()
+                backend.no_padding()
+                self._text_only_backend = backend
+            return self._text_only_backend
 
     def detokenizer(self, prompt_ids: list[int] | None = None,
                     skip_special_tokens: bool = True) -> "IncrementalDetokenizer":
@@ -132,6 +207,19 @@ class Tokenizer:
         if backend is not None and not getattr(hf, "clean_up_tokenization_spaces", False):
             return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
         return lambda ids: hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def _map_message_strings(messages: list[dict], fn: Callable[[str], str]) -> list[dict]:
+    """`messages` with `fn` applied to every string inside them but the roles."""
+    def walk(value: Any, key: str | None = None) -> Any:
+        if isinstance(value, str):
+            return value if key == "role" else fn(value)
+        if isinstance(value, dict):
+            return {k: walk(v, k) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [walk(v) for v in value]
+        return value
+    return [walk(m) for m in messages]
 
 
 class IncrementalDetokenizer:

@@ -10,7 +10,9 @@ class SpecMetrics:
     """Speculative-decoding counters of one request (conventions: docs/metrics.md).
 
     accept_length = committed tokens per verify step, bonus included.
-    accepted_per_position[k] = steps whose draft position k (0-based) was accepted.
+    accepted_tokens counts only accepted drafts that were committed (a stop or max_tokens that cuts
+    a step short cuts its accepted drafts too), so accepted_tokens <= committed_tokens.
+    accepted_per_position[k] = steps whose draft position k (0-based) was accepted and committed.
     """
 
     algorithm: str = "none"
@@ -25,6 +27,8 @@ class SpecMetrics:
         return self.committed_tokens / self.verify_steps if self.verify_steps else 0.0
 
     def record_step(self, drafted: int, accepted: int, committed: int) -> None:
+        """One verify step: `accepted` drafts on the verifier's walk, `committed` tokens kept."""
+        accepted = min(accepted, committed)  # drafts past a cut were never emitted
         self.verify_steps += 1
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted

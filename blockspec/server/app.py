@@ -1,10 +1,11 @@
 """The OpenAI-compatible FastAPI app: /v1/chat/completions, /v1/completions, /v1/models,
 /health, /metrics.
 
-A request is validated completely (schema, model, unsupported fields, sampling parameters,
-context length, and the engine's own add_request) before any byte of the response is sent, so
-every invalid request gets a proper 400. n choices are n engine requests that run
-concurrently; choice j of a seeded request uses seed + j.
+A request is validated completely (body size, schema, model, unsupported fields, sampling
+parameters, context length, and the engine's own add_request) before any byte of the response is
+sent, so every invalid request gets a proper 4xx. Parsing and tokenising run on worker threads
+(`prepare.py`), never on the event loop. n choices are n engine requests that run concurrently;
+choice j of a seeded request uses seed + j.
 """
 
 from __future__ import annotations
@@ -15,34 +16,31 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, fields
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
 from starlette.background import BackgroundTask
 
 from blockspec.engine.outputs import SpecMetrics, StepOutput
 from blockspec.sampling import SamplingParams
 from blockspec.server.async_engine import AsyncEngine, EngineDeadError, EngineError, RequestStream
-from blockspec.server.errors import (SERVER_ERROR, APIError, from_validation_error, install_error_handlers,
-                                     invalid_request, param_named_in)
+from blockspec.server.errors import (SERVER_ERROR, APIError, install_error_handlers, internal_error, invalid_request,
+                                     log_unexpected, param_named_in, request_id_of)
+from blockspec.server.limits import RequestLimits, read_body
 from blockspec.server.metrics import PROMETHEUS_CONTENT_TYPE, ServerMetrics
-from blockspec.server.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest, ModelCard,
-                                       ModelList, unsupported_parameters)
+from blockspec.server.openapi import install_openapi
+from blockspec.server.prepare import SAMPLING_FIELDS, Prepared, RequestPreparer
+from blockspec.server.protocol import ModelCard, ModelList
 
 logger = logging.getLogger("blockspec")
 
-DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-DEFAULT_CHAT_MAX_TOKENS_CAP = 1024  # chat default: the remaining context, at most this
-SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-try:  # chat templates are jinja2; their errors (e.g. roles must alternate) are the client's fault
-    from jinja2.exceptions import TemplateError as _TemplateError
-except ImportError:  # pragma: no cover
-    _TemplateError = ValueError
+# Threads that parse and tokenise bodies: a few, so one huge prompt does not hold up the short
+# ones, and not many, since the work is CPU-bound.
+PREPARE_THREADS = 4
 
 
 @dataclass
@@ -63,6 +61,7 @@ class _Job:
     created: int
     prompts: list[list[int]]
     choices: list[_Choice]
+    request_id: str | None = None  # the HTTP request's id, for the log
 
     def usage(self) -> dict:
         prompt = sum(len(p) for p in self.prompts)
@@ -82,15 +81,23 @@ class _Job:
 
 
 def create_app(async_engine: AsyncEngine, *, api_key: str | None = None,
-               served_model_name: str | None = None, metrics: ServerMetrics | None = None) -> FastAPI:
-    """Build the app. The caller owns `async_engine` and shuts it down after the server stops."""
-    server = _Server(async_engine, api_key, served_model_name or async_engine.model_name,
-                     metrics or ServerMetrics())
+               served_model_name: str | None = None, metrics: ServerMetrics | None = None,
+               limits: RequestLimits | None = None, allow_special_tokens_in_content: bool = False) -> FastAPI:
+    """Build the app. The caller owns `async_engine` and shuts it down after the server stops.
+
+    allow_special_tokens_in_content: encode special-token text in chat messages as the special
+    tokens (trusted clients only; by default it is ordinary text and cannot forge a turn)."""
+    model_name = served_model_name or async_engine.model_name
+    preparer = RequestPreparer(async_engine.tokenizer, model_name, async_engine.max_model_len,
+                               allow_special_tokens_in_content=allow_special_tokens_in_content)
+    server = _Server(async_engine, api_key, model_name, metrics or ServerMetrics(), preparer,
+                     limits or RequestLimits())
     async_engine.add_observer(server.metrics)
     app = FastAPI(title="blockspec", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
     install_error_handlers(app)
     _add_routes(app, server)
+    install_openapi(app, model_name, server.limits)
     return app
 
 
@@ -105,12 +112,16 @@ def _add_routes(app: FastAPI, server: "_Server") -> None:
 
 
 class _Server:
-    def __init__(self, engine: AsyncEngine, api_key: str | None, model_name: str, metrics: ServerMetrics):
+    def __init__(self, engine: AsyncEngine, api_key: str | None, model_name: str, metrics: ServerMetrics,
+                 preparer: RequestPreparer, limits: RequestLimits):
         self.engine = engine
         self.api_key = api_key
         self.model_name = model_name
         self.metrics = metrics
+        self.preparer = preparer
+        self.limits = limits
         self.created = int(time.time())
+        self._prepare_pool = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="blockspec-prepare")
 
     # ---- small endpoints ------------------------------------------------------------------
     async def check_api_key(self, request: Request) -> None:
@@ -131,7 +142,7 @@ class _Server:
         return ModelList(data=[self._model_card()]).model_dump()
 
     async def get_model(self, model_id: str) -> dict:
-        self._check_model(model_id)
+        self.preparer.check_model(model_id)
         return self._model_card().model_dump()
 
     async def health(self) -> Response:
@@ -146,87 +157,30 @@ class _Server:
 
     # ---- completions ---------------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
-        body = await _parse_body(request, ChatCompletionRequest)
-        self._check_request(body)
-        prompt = self._chat_prompt(body.messages)
-        max_tokens, max_param = _chat_max_tokens(body, len(prompt), self.engine.max_model_len)
-        params = _choice_params(body, max_tokens, max_param)
-        self._check_context(prompt, max_tokens, "messages")
-        job = await self._start("chatcmpl", [prompt], params, "messages")
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse_response(self._chat_events(job, include_usage), job)
+        prepared = await self._prepare(request, self.preparer.chat)
+        job = await self._start("chatcmpl", prepared, request_id_of(request))
+        if prepared.body.stream:
+            return _sse_response(self._chat_events(job, _include_usage(prepared)), job)
         await _run_unless_disconnected(request, _collect(job))
         return JSONResponse(self._chat_body(job))
 
     async def completions(self, request: Request) -> Response:
-        body = await _parse_body(request, CompletionRequest)
-        self._check_request(body)
-        prompts = self._completion_prompts(body.prompt)
-        max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-        params = _choice_params(body, max_tokens, "max_tokens")
-        for prompt in prompts:
-            self._check_context(prompt, max_tokens, "prompt")
-        job = await self._start("cmpl", prompts, params, "prompt")
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse_response(self._completion_events(job, include_usage), job)
+        prepared = await self._prepare(request, self.preparer.completion)
+        job = await self._start("cmpl", prepared, request_id_of(request))
+        if prepared.body.stream:
+            return _sse_response(self._completion_events(job, _include_usage(prepared)), job)
         await _run_unless_disconnected(request, _collect(job))
         return JSONResponse(self._completion_body(job))
 
-    # ---- validation ----------------------------------------------------------------------
-    def _check_model(self, model: str) -> None:
-        if model != self.model_name:
-            raise APIError(404, f"The model `{model}` does not exist or you do not have access to it.",
-                           param="model", code="model_not_found")
-
-    def _check_request(self, body: ChatCompletionRequest | CompletionRequest) -> None:
-        self._check_model(body.model)
-        unsupported = unsupported_parameters(body)
-        if unsupported:
-            name = unsupported[0]
-            raise invalid_request(f"Unsupported parameter: '{name}' is not supported by this server "
-                                  f"(blockspec); leave it unset.", name, "unsupported_parameter")
-        if body.stream_options is not None and not body.stream:
-            raise invalid_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
-                                  "stream_options")
-
-    def _check_context(self, prompt: list[int], max_tokens: int, prompt_param: str) -> None:
-        limit = self.engine.max_model_len
-        if len(prompt) + max_tokens > limit:
-            where = "messages" if prompt_param == "messages" else "prompt"
-            raise invalid_request(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the {where}, {max_tokens} in the "
-                f"completion). Please reduce the length of the {where} or completion.",
-                prompt_param, "context_length_exceeded")
-
-    def _chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
-        # Templates know "system"; OpenAI's "developer" role means the same thing.
-        conversation = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                        for m in messages]
-        try:
-            return list(self.engine.tokenizer.apply_chat_template(conversation, add_generation_prompt=True))
-        except (ValueError, _TemplateError) as e:
-            raise invalid_request(str(e), "messages") from e
-
-    def _completion_prompts(self, prompt) -> list[list[int]]:
-        if isinstance(prompt, str):
-            prompts = [prompt]
-        elif not prompt:
-            raise invalid_request("prompt must not be empty", "prompt")
-        else:
-            prompts = prompt if not isinstance(prompt[0], int) else [prompt]
-        encode = self.engine.tokenizer.encode
-        ids = [list(encode(p)) if isinstance(p, str) else list(p) for p in prompts]
-        if any(not p for p in ids):
-            raise invalid_request("prompt must not be empty", "prompt")
-        return ids
+    async def _prepare(self, request: Request, prepare: Callable[[bytes], Prepared]) -> Prepared:
+        """Read the body within the limits, then parse, validate and tokenise it off the loop."""
+        raw = await read_body(request, self.limits)
+        return await asyncio.get_running_loop().run_in_executor(self._prepare_pool, prepare, raw)
 
     # ---- running -------------------------------------------------------------------------
-    async def _start(self, prefix: str, prompts: list[list[int]], params: list[SamplingParams],
-                     prompt_param: str) -> _Job:
+    async def _start(self, prefix: str, prepared: Prepared, request_id: str | None) -> _Job:
         """Add every choice to the engine at once; on any refusal undo the others and raise."""
+        prompts, params, prompt_param = prepared.prompts, prepared.params, prepared.prompt_param
         response_id = f"{prefix}-{uuid.uuid4().hex}"
         plan = [(p * len(params) + j, ids, choice_params)
                 for p, ids in enumerate(prompts) for j, choice_params in enumerate(params)]
@@ -240,7 +194,7 @@ class _Server:
                     r.abort()
             raise _add_error(errors[0], prompt_param)
         choices = [_Choice(i, stream) for (i, _, _), stream in zip(plan, results)]
-        return _Job(response_id, int(time.time()), prompts, choices)
+        return _Job(response_id, int(time.time()), prompts, choices, request_id)
 
     # ---- response bodies -----------------------------------------------------------------
     def _envelope(self, job: _Job, obj: str) -> dict:
@@ -291,7 +245,7 @@ class _Server:
             for chunk in self._final_chunks(job, obj, include_usage):
                 yield chunk
 
-        async for text in _sse(events()):
+        async for text in _sse(events(), job.request_id):
             yield text
 
     async def _completion_events(self, job: _Job, include_usage: bool) -> AsyncIterator[str]:
@@ -306,7 +260,7 @@ class _Server:
             for chunk in self._final_chunks(job, obj, include_usage):
                 yield chunk
 
-        async for text in _sse(events()):
+        async for text in _sse(events(), job.request_id):
             yield text
 
     def _finish_chunk(self, job: _Job, obj: str, choices: list[dict], include_usage: bool) -> dict:
@@ -319,51 +273,19 @@ class _Server:
 
 # ---- helpers -----------------------------------------------------------------------------------
 
-async def _parse_body(request: Request, model: type[BaseModel]):
-    raw = await request.body()
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise invalid_request("We could not parse the JSON body of your request. The body must be a "
-                              "JSON object.") from None
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise from_validation_error(e) from None
+def _include_usage(prepared: Prepared) -> bool:
+    options = prepared.body.stream_options
+    return bool(options and options.include_usage)
 
 
-def _chat_max_tokens(body: ChatCompletionRequest, prompt_len: int, max_model_len: int) -> tuple[int, str]:
-    """(max_tokens, the request field it came from); default: the rest of the context, capped."""
-    if body.max_completion_tokens is not None:
-        return body.max_completion_tokens, "max_completion_tokens"
-    if body.max_tokens is not None:
-        return body.max_tokens, "max_tokens"
-    return max(1, min(max_model_len - prompt_len, DEFAULT_CHAT_MAX_TOKENS_CAP)), "max_tokens"
-
-
-def _choice_params(body, max_tokens: int, max_tokens_param: str) -> list[SamplingParams]:
-    """SamplingParams of each of the n choices (seed + j for choice j)."""
-    values = {"temperature": 1.0 if body.temperature is None else body.temperature,
-              "top_p": 1.0 if body.top_p is None else body.top_p,
-              "top_k": 0 if body.top_k is None else body.top_k,
-              "min_p": 0.0 if body.min_p is None else body.min_p,
-              "max_tokens": max_tokens, "stop": body.stop, "stop_token_ids": body.stop_token_ids,
-              "ignore_eos": body.ignore_eos}
-    seeds = [None if body.seed is None else body.seed + j for j in range(body.n)]
-    try:
-        return [SamplingParams(**values, seed=seed) for seed in seeds]
-    except ValueError as e:
-        param = param_named_in(str(e), SAMPLING_FIELDS)
-        raise invalid_request(str(e), max_tokens_param if param == "max_tokens" else param) from None
-
-
-def _add_error(error: BaseException, prompt_param: str) -> APIError:
+def _add_error(error: BaseException, prompt_param: str) -> BaseException:
+    """What a refused add_request becomes: a 400, a 503, or (a bug) itself, for the middleware's
+    single 500 log line."""
     if isinstance(error, ValueError):
         return invalid_request(str(error), param_named_in(str(error), SAMPLING_FIELDS) or prompt_param)
     if isinstance(error, EngineDeadError):
         return APIError(503, "The engine is not running.", type=SERVER_ERROR)
-    logger.error("add_request failed", exc_info=error)
-    return APIError(500, "The server had an error while processing your request.", type=SERVER_ERROR)
+    return error
 
 
 async def _merge(choices: list[_Choice]) -> AsyncIterator[tuple[_Choice, StepOutput]]:
@@ -450,7 +372,7 @@ def _sse_data(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-async def _sse(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+async def _sse(chunks: AsyncIterator[dict], request_id: str | None) -> AsyncIterator[str]:
     """Chunks as server-sent events, then [DONE]. Headers are already sent, so an error becomes
     an error event (what OpenAI does mid-stream), never a dropped connection or a traceback."""
     try:
@@ -458,8 +380,7 @@ async def _sse(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
             yield _sse_data(chunk)
     except EngineError as e:
         yield _sse_data(APIError(500, str(e), type=SERVER_ERROR).to_dict())
-    except Exception:
-        logger.exception("error while streaming a response")
-        yield _sse_data(APIError(500, "The server had an error while processing your request.",
-                                 type=SERVER_ERROR).to_dict())
+    except Exception as e:
+        log_unexpected(request_id, "streaming a response", e)
+        yield _sse_data(internal_error().to_dict())
     yield "data: [DONE]\n\n"

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 
 from blockspec.engine_args import add_engine_arguments, engine_config_from_args
+from blockspec.server.limits import DEFAULT_MAX_REQUEST_BYTES
 from blockspec.server.stats_log import DEFAULT_LOG_INTERVAL
 
 logger = logging.getLogger("blockspec")
@@ -16,6 +17,13 @@ def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
 
 
@@ -35,6 +43,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     http.add_argument("--served-model-name", default=None, help="model id clients use (default: model dir name)")
     http.add_argument("--log-interval", type=_positive_float, default=DEFAULT_LOG_INTERVAL,
                       help="seconds between 'Decode batch' log lines while busy")
+    http.add_argument("--max-request-bytes", type=_positive_int, default=DEFAULT_MAX_REQUEST_BYTES,
+                      help="largest request body accepted; larger ones get a 413 before they are read")
+    http.add_argument("--allow-special-tokens-in-content", action="store_true",
+                      help="encode special-token text in chat messages (e.g. '<|im_end|>') as the special "
+                           "tokens; by default it is ordinary text, so a message cannot forge a turn")
     return parser
 
 
@@ -50,13 +63,16 @@ def build_server(args: argparse.Namespace, build_engine: Callable[[argparse.Name
 
     from blockspec.server.app import create_app
     from blockspec.server.async_engine import AsyncEngine
+    from blockspec.server.limits import RequestLimits
     from blockspec.server.stats_log import StatsLogger
 
     engine = build_engine(args)
     async_engine = AsyncEngine(engine, observers=[StatsLogger(args.log_interval)])
     try:
         app = create_app(async_engine, api_key=args.api_key,
-                         served_model_name=args.served_model_name or engine.model_name)
+                         served_model_name=args.served_model_name or engine.model_name,
+                         limits=RequestLimits(max_request_bytes=args.max_request_bytes),
+                         allow_special_tokens_in_content=args.allow_special_tokens_in_content)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                                 timeout_graceful_shutdown=5)
         return uvicorn.Server(config), async_engine

@@ -1,9 +1,16 @@
-"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}`, never a traceback."""
+"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}`, never a traceback.
+
+Every request gets an id (the `x-request-id` response header). An unexpected exception becomes
+one OpenAI-style 500 and ONE error log line with that id and the exception; its traceback is
+logged once, at debug level (a flood of 500s must not flood the log).
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -37,8 +44,28 @@ def invalid_request(message: str, param: str | None = None, code: str | None = N
     return APIError(400, message, param=param, code=code)
 
 
+class _ErrorJSONResponse(JSONResponse):
+    def render(self, content) -> bytes:
+        # ASCII escapes: a message may quote client text that has no UTF-8 form (a lone surrogate).
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
 def error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(error.to_dict(), status_code=error.status)
+    return _ErrorJSONResponse(error.to_dict(), status_code=error.status)
+
+
+def internal_error() -> APIError:
+    return APIError(500, "The server had an error while processing your request.", type=SERVER_ERROR)
+
+
+def log_unexpected(request_id: str | None, what: str, exc: BaseException) -> None:
+    """One error line per failed request; the traceback once, at debug level."""
+    logger.error("request %s: %s failed: %s: %s", request_id, what, type(exc).__name__, exc)
+    logger.debug("traceback of request %s", request_id, exc_info=exc)
+
+
+def request_id_of(request: Request) -> str | None:
+    return request.scope.get("state", {}).get("request_id")
 
 
 # ---- pydantic validation errors → one OpenAI-style 400 --------------------------------------
@@ -85,7 +112,9 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, _handle_api_error)
     app.add_exception_handler(RequestValidationError, _handle_request_validation)
     app.add_exception_handler(StarletteHTTPException, _handle_http_exception)
-    app.add_exception_handler(Exception, _handle_unexpected)
+    # Not an `Exception` handler: Starlette re-raises after calling one, and uvicorn then logs
+    # the traceback a second time. The middleware answers and logs instead.
+    app.add_middleware(RequestIdMiddleware)
 
 
 async def _handle_api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -107,7 +136,32 @@ async def _handle_http_exception(request: Request, exc: StarletteHTTPException) 
     return response
 
 
-async def _handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(APIError(500, "The server had an error while processing your request.",
-                                   type=SERVER_ERROR))
+class RequestIdMiddleware:
+    """Pure ASGI: gives each HTTP request an id (scope state and `x-request-id` header) and turns
+    an exception that nothing handled into an OpenAI-style 500 with one log line."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = f"req_{uuid.uuid4().hex}"
+        scope.setdefault("state", {})["request_id"] = request_id
+        started = False
+
+        async def send_with_id(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message = {**message, "headers": [*message.get("headers", ()),
+                                                  (b"x-request-id", request_id.encode())]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception as exc:
+            log_unexpected(request_id, f"{scope['method']} {scope['path']}", exc)
+            if not started:  # once headers are out nothing can be said; the server closes the connection
+                await error_response(internal_error())(scope, receive, send_with_id)

@@ -1,21 +1,48 @@
 """Request and response shapes of the OpenAI-compatible API (pydantic v2).
 
 Requests forbid unknown fields: a parameter we do not know is an error, never silently dropped.
-OpenAI fields that we accept but cannot honour are allowed only at their neutral value
-(`unsupported_parameters` lists the ones that are not).
+They are strict: a number must be a JSON number and a bool a JSON bool ("8" is not 8). Ranges
+are OpenAI's (temperature 0-2, top_p (0, 1], penalties -2..2, ...), so the published OpenAPI
+schema says what is accepted. OpenAI fields that we accept but cannot honour are allowed only at
+their neutral value (`unsupported_parameters` lists the ones that are not).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 MAX_N = 128  # OpenAI's own limit on choices per request
+MAX_STOP_STRINGS = 16  # OpenAI allows 4; open-model clients often send a few more
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
+MAX_TOKENS_LIMIT = 2**31 - 1  # a schema bound only: the context length is the real limit
+
+
+def _no_lone_surrogates(value: str) -> str:
+    # JSON "\ud800" parses to a str that has no UTF-8 form: the tokenizer (and any echo of it
+    # in a response) cannot handle it, so it is the client's error, named by its field.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the string contains a lone UTF-16 surrogate (e.g. \\ud800), which is not "
+                         "valid Unicode text") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_lone_surrogates)]
+TokenId = Annotated[int, Field(ge=0)]
+PositiveTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
+_STOP_STRING_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_STRING_CHARS}
+# Checked by _check_stop (clearer errors than a constrained union); the schema says the same.
+StopStrings = Annotated[Text | list[Text] | None, WithJsonSchema({"anyOf": [
+    _STOP_STRING_SCHEMA, {"type": "array", "items": _STOP_STRING_SCHEMA, "maxItems": MAX_STOP_STRINGS},
+    {"type": "null"}]})]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(_Strict):
@@ -25,16 +52,16 @@ class StreamOptions(_Strict):
 
 class TextContentPart(_Strict):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextContentPart] | None = None
-    name: str | None = None
-    refusal: str | None = None
+    content: Text | list[TextContentPart] | None = None
+    name: Text | None = None
+    refusal: Text | None = None
     tool_calls: list[Any] | None = None
-    tool_call_id: str | None = None
+    tool_call_id: Text | None = None
 
     def text(self) -> str:
         """The message content as one string (text parts joined)."""
@@ -46,63 +73,80 @@ class ChatMessage(_Strict):
 
 
 class _SamplingFields(_Strict):
-    """Fields shared by both endpoints, in OpenAI's spelling."""
+    """Fields shared by both endpoints, in OpenAI's spelling and ranges."""
 
-    model: str
+    model: Text
     n: int = Field(default=1, ge=1, le=MAX_N)
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None  # not OpenAI; common in open engines
-    min_p: float | None = None  # not OpenAI; common in open engines
+    max_tokens: PositiveTokens | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1)  # not OpenAI; common in open engines; -1 or 0: off
+    min_p: float | None = Field(default=None, ge=0, le=1)  # not OpenAI; common in open engines
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # torch seeds are 64-bit
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop: StopStrings = None
+    stop_token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
     # Accepted, no effect on generation.
-    user: str | None = None
-    metadata: dict[str, str] | None = None
+    user: Text | None = None
+    metadata: dict[Text, Text] | None = Field(default=None, max_length=16)  # OpenAI: 16 pairs
     store: bool | None = None
-    service_tier: str | None = None
-    safety_identifier: str | None = None
-    prompt_cache_key: str | None = None
+    service_tier: Text | None = None
+    safety_identifier: Text | None = None
+    prompt_cache_key: Text | None = None
     # Accepted only at their neutral value (see unsupported_parameters).
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    repetition_penalty: float | None = None  # not OpenAI; sent at 1.0 by vLLM's benchmark client
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[Text, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    repetition_penalty: float | None = Field(default=None, gt=0)  # not OpenAI; sent at 1.0 by vLLM's benchmark client
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, stop):
+        # An empty stop string matches at once (a one-token completion); unbounded lists are
+        # a per-token cost on the engine thread.
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}")
+        for s in stops:
+            if not s:
+                raise ValueError("stop strings must not be empty")
+            if len(s) > MAX_STOP_STRING_CHARS:
+                raise ValueError(f"a stop string may have at most {MAX_STOP_STRING_CHARS} characters, "
+                                 f"got {len(s)}")
+        return stop
 
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: PositiveTokens | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     function_call: Any = None
     response_format: dict[str, Any] | None = None
-    modalities: list[str] | None = None
+    modalities: list[Text] | None = None
     audio: Any = None
     prediction: Any = None
-    reasoning_effort: str | None = None
-    verbosity: str | None = None
+    reasoning_effort: Text | None = None
+    verbosity: Text | None = None
     web_search_options: Any = None
 
 
-PromptInput = str | list[str] | list[int] | list[list[int]]
+PromptInput = Text | list[Text] | list[int] | list[list[int]]
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: PromptInput
-    logprobs: int | None = None
+    prompt: PromptInput = Field(description="A raw prompt is the caller's: special-token text in it "
+                                            "is encoded as special tokens (no chat template).")
+    logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool | None = None
-    best_of: int | None = None
-    suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1, le=20)
+    suffix: Text | None = None
 
 
 def _is_unset(value: Any) -> bool:

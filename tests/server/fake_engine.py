@@ -35,16 +35,22 @@ class FakeTokenizer:
     def encode(self, text: str) -> list[int]:
         return [self._ids.get(word, UNK_ID) for word in text.split()]
 
+    def encode_as_text(self, text: str) -> list[int]:
+        """Like encode, but special-token words are ordinary (unknown) words."""
+        return [i if i >= FIRST_WORD_ID else UNK_ID for i in self.encode(text)]
+
     def decode(self, ids: list[int]) -> str:
         return "".join(" " + self.vocab[i] for i in ids)
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, *,
+                            special_tokens_in_content: bool = False) -> list[int]:
         if not self.has_chat_template:
             raise ValueError("this model has no chat template")
+        encode_content = self.encode if special_tokens_in_content else self.encode_as_text
         ids: list[int] = []
         for message in messages:
             ids.append(self._ids.get(f"<{message['role']}>", self._ids["<user>"]))
-            ids.extend(self.encode(message["content"]))
+            ids.extend(encode_content(message["content"]))
         if add_generation_prompt:
             ids.append(self._ids["<assistant>"])
         return ids

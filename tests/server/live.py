@@ -46,6 +46,7 @@ class RecordingEngine:
     def __init__(self, inner):
         self.inner = inner
         self.aborted: list[str] = []
+        self.prompts: dict[str, list[int]] = {}  # request id -> prompt token ids
         self.calling_threads: set[int] = set()
 
     def __getattr__(self, name):
@@ -56,6 +57,7 @@ class RecordingEngine:
 
     def add_request(self, request_id, prompt_token_ids, params):
         self._note()
+        self.prompts[request_id] = list(prompt_token_ids)
         return self.inner.add_request(request_id, prompt_token_ids, params)
 
     def abort_request(self, request_id):
@@ -100,10 +102,12 @@ class LiveServer:
 
 
 @contextlib.contextmanager
-def live_server(engine=None, *, api_key: str | None = None, served_model_name: str | None = None):
+def live_server(engine=None, *, api_key: str | None = None, served_model_name: str | None = None,
+                **app_options):
+    """app_options: more create_app keywords (limits, allow_special_tokens_in_content)."""
     engine = RecordingEngine(engine if engine is not None else build_test_engine())
     async_engine = AsyncEngine(engine)
-    app = create_app(async_engine, api_key=api_key, served_model_name=served_model_name)
+    app = create_app(async_engine, api_key=api_key, served_model_name=served_model_name, **app_options)
     try:
         with serve_in_thread(app) as base_url:
             yield LiveServer(base_url, engine, async_engine, app)

@@ -18,3 +18,20 @@ def test_merged_projections_match_separate(qwen2_dir):
     assert mlp.gate_up_proj is not None and not hasattr(mlp, "gate_proj")
     ids = torch.randint(0, separate.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(our_logits(merged, ids), our_logits(separate, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_merged_drafter_projections_match_separate(qwen3_dir, tmp_path):
+    """The drafter's merged block q/k/v and context k/v (CUDA fast path) give its hidden states."""
+    from dflash_fixtures import write_dflash_drafter
+    from blockspec.config import ModelConfig
+    from blockspec.models.dflash import load_drafter
+    from blockspec.models.fast_path import prepare_drafter_for_cuda, probe_drafter
+    draft_dir = write_dflash_drafter(tmp_path / "d", qwen3_dir, num_layers=2)
+    target = ModelConfig.load(qwen3_dir)
+    separate = load_drafter(draft_dir, target, torch.float32, torch.device("cpu"))
+    merged = load_drafter(draft_dir, target, torch.float32, torch.device("cpu"))
+    prepare_drafter_for_cuda(merged, fused_ops=False)
+    attn = merged.layers[0].self_attn
+    assert attn.qkv_proj is not None and attn.kv_proj is not None and not hasattr(attn, "q_proj")
+    assert merged.layers[0].mlp.gate_up_proj is not None
+    torch.testing.assert_close(probe_drafter(merged), probe_drafter(separate), rtol=1e-5, atol=1e-5)

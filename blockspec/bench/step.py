@@ -22,7 +22,7 @@ from blockspec.attention.backend import select_backend
 from blockspec.batch import decode_inputs
 from blockspec.config import ModelConfig
 from blockspec.engine.cuda_graphs import GraphedStep
-from blockspec.engine.fused import prepare_for_cuda
+from blockspec.models.fast_path import prepare_for_cuda
 from blockspec.engine.runner import ModelRunner
 from blockspec.kv.allocator import PageAllocator, PageTable
 from blockspec.layers import RotaryEmbedding

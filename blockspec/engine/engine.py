@@ -15,7 +15,7 @@ import torch
 from blockspec.attention.backend import select_backend
 from blockspec.batch import decode_inputs, prefill_inputs
 from blockspec.engine.config import EngineConfig
-from blockspec.engine.fused import prepare_for_cuda
+from blockspec.models.fast_path import prepare_for_cuda
 from blockspec.engine.outputs import SpecMetrics, StepOutput
 from blockspec.engine.runner import ModelRunner
 from blockspec.engine.scheduler import Scheduler

@@ -23,7 +23,9 @@ from blockspec.attention.backend import AttentionBackend
 from blockspec.attention.metadata import AttentionBatch
 from blockspec.config import ModelConfig, RopeConfig
 from blockspec.kv.cache import CacheSpec, KVCache
-from blockspec.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope
+from blockspec.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from blockspec.layers.linear import MergedLinear
+from blockspec.layers.rope import ApplyRope
 from blockspec.models.base import default_backend
 from blockspec.models.loader import load_state_dict
 
@@ -129,12 +131,39 @@ class DFlashAttention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim ** -0.5
+        self.rope = ApplyRope()
+        # CUDA fast path (merge_projections): the block's q/k/v and the context's k/v as one
+        # product each; the trainer and the CPU keep the checkpoint's separate layers.
+        self.qkv_proj: MergedLinear | None = None
+        self.kv_proj: MergedLinear | None = None
+
+    def merge_projections(self) -> None:
+        self.qkv_proj = MergedLinear([self.q_proj, self.k_proj, self.v_proj])
+        self.kv_proj = MergedLinear([self.k_proj, self.v_proj])
+        del self.q_proj, self.k_proj, self.v_proj
+
+    def _heads(self, t: torch.Tensor, heads: int) -> torch.Tensor:
+        return t.view(*t.shape[:2], heads, self.head_dim)
+
+    def project_qkv(self, h: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The block's normed, rotated q and k and its v, `[B, S, heads, D]`."""
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(h)
+        else:
+            q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
+        q = self.q_norm(self._heads(q, self.num_heads))
+        k = self.k_norm(self._heads(k, self.num_kv_heads))
+        q, k = self.rope(q, k, cos, sin)
+        return q, k, self._heads(v, self.num_kv_heads)
 
     def project_kv(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-        B, T, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        return apply_rope(k, cos, sin), v
+        """Context K/V of target features `x [B, T, H]`: normed, rotated k and v."""
+        if self.kv_proj is not None:
+            k, v = self.kv_proj(x)
+        else:
+            k, v = self.k_proj(x), self.v_proj(x)
+        k, _ = self.rope(self.k_norm(self._heads(k, self.num_kv_heads)), None, cos, sin)
+        return k, self._heads(v, self.num_kv_heads)
 
 
 class DFlashLayer(nn.Module):
@@ -151,13 +180,10 @@ class DFlashLayer(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend) -> torch.Tensor:
         """x `[B, S, H]`; `attend(q [B,S,Hq,D], k, v [B,S,Hkv,D]) → [B,S,Hq,D]` adds the context."""
         attn = self.self_attn
-        h = self.input_layernorm(x)
-        B, S, _ = h.shape
-        q = attn.q_norm(attn.q_proj(h).view(B, S, attn.num_heads, attn.head_dim))
-        q = apply_rope(q, cos, sin)
-        k, v = attn.project_kv(h, cos, sin)
-        x = x + attn.o_proj(attend(q, k, v).reshape(B, S, -1))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        q, k, v = attn.project_qkv(self.input_layernorm(x), cos, sin)
+        out = attn.o_proj(attend(q, k, v).reshape(*x.shape[:2], -1))
+        h, x = self.post_attention_layernorm.forward_with_residual(out, x)   # x + attention, normed
+        return x + self.mlp(h)
 
 
 class DFlashDrafter(nn.Module):

@@ -113,6 +113,11 @@ class DFlashProposer(Proposer):
         slots, own tensors)."""
         self.drafter, self.target = drafter, target
         weight = target.lm_head.weight
+        if weight.device.type == "cuda":
+            # The drafter gets the target's fast path: merged products, and the fused kernels
+            # when the target uses any (so --disable-fused-ops reaches it), each checked exact.
+            from blockspec.models.fast_path import prepare_drafter_for_cuda
+            prepare_drafter_for_cuda(drafter, fused_ops=any(getattr(m, "fused", False) for m in target.modules()))
         if weight.device.type == "cuda" and self.tree_budget is not None:
             self._use_tree_kernel(weight.device)
         self.cache = drafter.config.cache_spec.allocate(num_pages, page_size, weight.dtype, weight.device)

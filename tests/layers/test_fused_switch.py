@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from blockspec.engine.fused import use_fused_ops_if_exact
+from blockspec.models.fast_path import use_fused_ops_if_exact
 from blockspec.layers.norm import RMSNorm
 from blockspec.models.loader import load_target
 
@@ -36,3 +36,18 @@ def test_kernels_that_change_logits_stay_off(qwen3_dir, monkeypatch, caplog):
     assert kept == ["rope"]                                    # the exact one is kept, alone
     assert fused_flags(model) == {False}
     assert "left eager: rms_norm" in caplog.text
+
+
+def test_drafter_kernels_switched_on_only_when_exact(qwen3_dir, tmp_path):
+    """A DFlash drafter takes the same switch, judged on its own probe hidden states."""
+    from dflash_fixtures import write_dflash_drafter
+    from blockspec.config import ModelConfig
+    from blockspec.models.dflash import load_drafter
+    from blockspec.models.fast_path import probe_drafter
+    draft_dir = write_dflash_drafter(tmp_path / "d", qwen3_dir, num_layers=2)
+    drafter = load_drafter(draft_dir, ModelConfig.load(qwen3_dir), torch.float32, torch.device(DEVICE))
+    eager = probe_drafter(drafter)
+    ops = None if DEVICE == "cuda" else ("rms_norm", "rope")
+    assert use_fused_ops_if_exact(drafter, ops, probe=probe_drafter) == list(ops or ("rms_norm", "silu_mul", "rope"))
+    assert fused_flags(drafter) == {True}
+    assert torch.equal(probe_drafter(drafter), eager)

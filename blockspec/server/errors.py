@@ -85,8 +85,15 @@ def _param_path(loc: tuple) -> str | None:
     return path or None
 
 
+def _most_telling(errors: list[dict]) -> dict:
+    """The error to report. A union tries every member; when one member got as far as checking
+    the value ("contains a lone surrogate", "must be <= 2"), that says more than the other
+    members' "should be a valid string"."""
+    return next((e for e in errors if not str(e.get("type", "")).endswith("_type")), errors[0])
+
+
 def from_validation_error(exc: ValidationError) -> APIError:
-    first = exc.errors(include_url=False)[0]
+    first = _most_telling(exc.errors(include_url=False))
     param = _param_path(tuple(first.get("loc", ())))
     kind = first.get("type")
     if kind == "extra_forbidden":

@@ -37,7 +37,6 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -48,8 +47,8 @@ try:  # dispatches to the CUDA or HIP library when a kernel is compiled
 except ImportError:  # pragma: no cover - very old triton
     libdevice = None
 
-from blockspec.layers.triton_reduction import (CUDA_ORDER_VARIANTS, _last_pow2, _row_values, _sumsq,
-                                                cuda_order_variant, cuda_reduce_plan)
+from blockspec.layers.triton_reduction import (CUDA_ORDER_VARIANTS, _last_pow2, _mean_factor, _row_values,
+                                                _sumsq, _variants, cuda_order_variant, cuda_reduce_plan)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -186,12 +185,6 @@ def _check_device(t: torch.Tensor) -> None:
 
 def _launch_opts(t: torch.Tensor) -> dict:
     return {} if t.device.type == "cpu" else {"enable_fp_fusion": False}
-
-
-@functools.lru_cache(maxsize=1024)
-def _mean_factor(rows: int, n: int) -> float:
-    """ATen's `mean_kernel_impl` factor: `float(num_outputs) / numel`, numel converted to float."""
-    return float(np.float32(rows) / np.float32(rows * n))
 
 
 @functools.lru_cache(maxsize=1024)

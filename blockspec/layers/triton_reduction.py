@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -124,7 +125,13 @@ def cuda_order_sum_reference(sq: torch.Tensor, variant: tuple = CUDA_ORDER_VARIA
 _PROBES = ((1, 4096, 6), (1, 128, 6), (1, 8192, 3), (64, 4096, 1), (256, 128, 1), (64, 96, 1),
            (64, 1000, 1), (16, 2048, 1))
 _SPLIT_PROBES = ((2, 8192, 3), (16, 8192, 1), (64, 8192, 1))
-_variants: dict = {}
+_variants: dict = {}          # device → its torch's order variant (cuda_order_variant)
+
+
+@functools.lru_cache(maxsize=1024)
+def _mean_factor(rows: int, n: int) -> float:
+    """ATen's `mean_kernel_impl` factor: `float(num_outputs) / numel`, numel converted to float."""
+    return float(np.float32(rows) / np.float32(rows * n))
 
 
 def _matches(probes, variant, device) -> bool:

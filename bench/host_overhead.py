@@ -33,6 +33,8 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--real-forward", action="store_true", help="keep the model's forward (a whole step)")
+    ap.add_argument("--prefill-lengths", default="", help="also time one prefill per prompt length, twice "
+                    "(the first includes any kernel compilation a new shape causes)")
     args = ap.parse_args()
     engine = LLM(spec=args.spec, max_running_requests=args.batch, device=args.device, dtype=args.dtype).engine
     for i in range(args.batch):
@@ -51,6 +53,20 @@ def main() -> int:
     what = "whole step" if args.real_forward else "forward stubbed"
     print(f"host ms per decode step, batch {args.batch}, spec {args.spec}, {args.device}, {what}: "
           f"{(time.perf_counter() - start) / args.steps * 1e3:.2f}")
+    if args.prefill_lengths:
+        times = {}
+        for rid in list(engine._requests):
+            engine.abort_request(rid)
+        for n in [int(x) for x in args.prefill_lengths.split(",")]:
+            for attempt in range(2):
+                rid = f"p{n}-{attempt}"
+                engine.add_request(rid, [5 + (i * 7 + attempt) % 90 for i in range(n)],
+                                   SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+                start = time.perf_counter()
+                while engine.has_unfinished_requests() and rid in engine._requests:
+                    engine.step()
+                times.setdefault(n, []).append(round((time.perf_counter() - start) * 1e3, 2))
+        print("prefill ms by prompt length (first, second):", times)
     if args.profile:
         profiler = cProfile.Profile()
         profiler.enable()

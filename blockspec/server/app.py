@@ -25,7 +25,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from blockspec.engine.outputs import SpecMetrics, StepOutput
-from blockspec.sampling import SamplingParams
 from blockspec.server.async_engine import AsyncEngine, EngineDeadError, EngineError, RequestStream
 from blockspec.server.errors import (SERVER_ERROR, APIError, install_error_handlers, internal_error, invalid_request,
                                      log_unexpected, param_named_in, request_id_of)

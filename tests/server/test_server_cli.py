@@ -83,3 +83,17 @@ def test_run_serve_stops_the_engine_thread_when_the_server_ends(monkeypatch):
     monkeypatch.setattr(cli, "_ensure_log_output", lambda: None)  # keep global logging untouched
     assert cli.run_serve(parse("--port", "0"), lambda a: FakeEngine()) == 0
     assert not made["engine"].is_running
+
+
+def test_hardening_flags_reach_the_app():
+    assert (parse().max_request_bytes, parse().allow_special_tokens_in_content) == (4 * 1024 * 1024, False)
+    args = parse("--port", "0", "--max-request-bytes", "300", "--allow-special-tokens-in-content")
+    server, async_engine = cli.build_server(args, lambda a: FakeEngine())
+    try:
+        state = server.config.app.state.server
+        assert state.limits.max_request_bytes == 300
+        assert state.preparer.allow_special_tokens_in_content is True
+    finally:
+        async_engine.shutdown()
+    with pytest.raises(SystemExit):
+        parse("--max-request-bytes", "0")

@@ -137,6 +137,28 @@ def test_trickling_body_times_out(server):
     assert_still_serves(server.base_url, MODEL, server.expected)
 
 
+def test_unread_stream_does_not_hold_the_engine():
+    """A client that never reads its stream: the engine still finishes the request at max_tokens
+    (its capacity is freed) while the response waits on the full socket."""
+    engine = FakeEngine(max_model_len=512, max_running=32)
+    with live_server(engine) as s:
+        expected = ordinary_completion(s.base_url, MODEL)
+        payload = json.dumps(_completion(n=32, max_tokens=400, ignore_eos=True, stream=True)).encode()
+        head = (f"POST {COMPLETIONS} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(payload)}\r\n\r\n").encode()
+        host, port = s.base_url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills after a few chunks
+            sock.sendall(head + payload)
+            deadline = time.monotonic() + 10
+            while len(s.engine.prompts) < 1 + 32 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(s.engine.prompts) == 1 + 32, "the streamed request never reached the engine"
+            assert s.wait_until_idle(20), "an unread stream kept its requests in the engine"
+            assert not s.engine.aborted  # they finished at max_tokens
+            assert_still_serves(s.base_url, MODEL, expected)
+
+
 # ---- 2, 3, 5, 6, 7: bodies ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS])

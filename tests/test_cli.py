@@ -45,3 +45,18 @@ def test_bad_arguments_exit_2(qwen3_dir, capsys, argv, needle):
 def test_missing_model_dir_exits_2(tmp_path, capsys):
     assert main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "hi"]) == 2
     assert "config.json" in capsys.readouterr().err
+
+
+def test_cli_parser_builds_without_the_web_stack():
+    """`blockspec bench step` / `generate` start where fastapi and uvicorn are absent (a bare GPU
+    machine): building the parser must not import them."""
+    import subprocess
+    import sys
+    code = ("import sys\n"
+            "for name in ('fastapi', 'starlette', 'uvicorn', 'pydantic'):\n"
+            "    sys.modules[name] = None\n"
+            "from blockspec.cli import build_parser\n"
+            "args = build_parser().parse_args(['bench', 'step', '--device', 'cpu'])\n"
+            "assert args.shape == 'qwen3-8b'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 
 from blockspec.engine_args import add_engine_arguments, engine_config_from_args
-from blockspec.server.limits import DEFAULT_MAX_REQUEST_BYTES
+from blockspec.server.defaults import DEFAULT_MAX_REQUEST_BYTES
 from blockspec.server.stats_log import DEFAULT_LOG_INTERVAL
 
 logger = logging.getLogger("blockspec")

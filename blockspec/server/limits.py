@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
+from blockspec.server.defaults import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES
 from blockspec.server.errors import APIError, invalid_request
 
-DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024  # 4 MiB: a full 128k-token context is well under 1 MiB of text
-DEFAULT_BODY_TIMEOUT_S = 60.0
 JSON_MEDIA_TYPE = "application/json"
 
 

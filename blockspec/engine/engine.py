@@ -89,6 +89,10 @@ class Engine:
         self.runner = ModelRunner(self.model, self.cache, self.device, tuple(capture))
         self.spec_step = SpeculativeStep(self.proposer, config.spec_verify)
         self.graphed = self.capture_graphs() if self.device.type == "cuda" and config.cuda_graph else None
+        if self.device.type == "cuda":
+            from blockspec.engine.warmup import warm_up_prefill
+            warm_up_prefill(self.runner, self.proposer, config.page_size,
+                            min(config.max_prefill_tokens, self.max_model_len))
         self.scheduler = Scheduler(self.allocator, config.max_running_requests, config.max_prefill_tokens, lookahead)
         self.fallback_generator = torch.Generator().manual_seed(config.seed)
         self.eos_ids = set(self.tokenizer.eos_token_ids) | set(self.model_config.eos_token_ids)

@@ -1,0 +1,58 @@
+"""Prefill warm-up on CUDA: compile the Triton kernels of every prefill shape class at startup.
+
+Triton compiles a kernel per set of constexprs and integer specialisations (== 1, multiples of
+16), and several of ours derive constexprs from the shape (the attention tile from the chunk
+length, RMSNorm's reduction plan from the row count). Left alone, the first prompt of each new
+length class pays a compile of 0.3–2 s (measured on an H200 for the bundled pair:
+bench/results/gpu_fastpath/), so a server's first requests stall. One prefill per width in
+{1, 2, 3} ∪ {2^k, 2^k + 1} up to the prefill budget covers those classes at batch 1; it runs on
+page 0 (the padding page, never a sequence's), so it leaves no state behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from blockspec.batch import StepInputs
+from blockspec.sampling import SamplingParams, SamplingTensors, filtered_probs, sample_from_probs
+
+log = logging.getLogger("blockspec.engine")
+
+
+def warm_up_widths(max_tokens: int) -> list[int]:
+    """Chunk widths whose prefills compile every shape class up to `max_tokens`."""
+    widths = {1, 2, 3}
+    k = 1
+    while k <= max_tokens:
+        widths |= {k, k + 1}
+        k *= 2
+    return sorted(w for w in widths if w <= max_tokens)
+
+
+@torch.inference_mode()
+def warm_up_prefill(runner, proposer, page_size: int, max_tokens: int) -> list[int]:
+    """One prefill (target, drafter context, greedy and sampled draws) per warm-up width, all
+    writes in page 0. Returns the widths."""
+    device = runner.device
+    widths = warm_up_widths(max_tokens)
+    start = time.perf_counter()
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_p=0.9)]
+    for n in widths:
+        for p in params:
+            inputs = StepInputs(torch.zeros(1, -(-n // page_size), dtype=torch.long, device=device),
+                                torch.zeros(1, dtype=torch.long, device=device),
+                                torch.full((1,), n, dtype=torch.long, device=device),
+                                torch.zeros(1, n, dtype=torch.long, device=device),
+                                SamplingTensors.from_params([p], device),
+                                torch.zeros(1, 1, dtype=torch.float64, device=device), page_size, [])
+            logits, features, batch, positions = runner.prefill(inputs)
+            if proposer is not None:
+                proposer.on_prefill(features, batch, positions)
+            sample_from_probs(filtered_probs(logits, inputs.sampling), inputs.uniforms[:, 0])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    log.info("prefill warm-up: widths %s in %.1f s", widths, time.perf_counter() - start)
+    return widths

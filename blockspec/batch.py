@@ -1,9 +1,11 @@
 """One step's device inputs, built once per step and shared by every room that needs them.
 
 The scheduler hands the engine a list of sequences; `decode_inputs` / `prefill_inputs` turn
-it into tensors with O(batch) host work: one page-table tensor, the per-row lengths, the
-roots, the sampling settings and the step's uniforms, each copied to the device once. Cache
-slots and positions are computed on the device from those (`StepInputs.slots`), so the target
+it into tensors with O(batch) host work. A decode step crosses to the device as three tensors
+(`PackedStep`: the page table, the integer settings, the float settings with the uniforms), so
+it costs three host→device copies, and a CUDA graph's static inputs are three copies more;
+`unpack_decode` makes the step's views of them (on the device, inside the graph when graphed).
+Cache slots and positions are computed on the device (`StepInputs.slots`), so the target
 forward, the drafter and the verifier never rebuild them from Python lists.
 Sequences are read duck-typed (`tokens`, `num_cached`, `page_table.pages`, `params`).
 """
@@ -30,6 +32,7 @@ class StepInputs:
     uniforms    [B, n] float64  this step's random numbers (layout: the speculative step's)
     seqs        the scheduled sequences, host-side, for proposers that read token history
     all_greedy  host-side: every row is greedy
+    packed      a decode step's device tensors these are views of (None for prefill)
     """
 
     page_table: torch.Tensor
@@ -41,6 +44,7 @@ class StepInputs:
     page_size: int
     seqs: list
     all_greedy: bool = False      # every row has temperature 0 (verification needs no filters)
+    packed: "PackedStep | None" = None
 
     @property
     def batch_size(self) -> int:
@@ -101,15 +105,48 @@ def _to_device(host: torch.Tensor, device) -> torch.Tensor:
     return host.to(device)
 
 
+@dataclass
+class PackedStep:
+    """A decode step's inputs as the tensors that cross to the device (column b is row b).
+
+    page_table [B, P]      int64    the rows' pages, padded with page 0
+    ints       [4, B]      int64    prefix_len, root token, top_k, greedy (0/1)
+    floats     [n + 3, B]  float64  the n uniforms, then temperature (1.0 for greedy rows), top_p, min_p
+    """
+
+    page_table: torch.Tensor
+    ints: torch.Tensor
+    floats: torch.Tensor
+
+
+def pack_decode(seqs, uniforms: torch.Tensor, device) -> PackedStep:
+    """The host side of a decode step: `uniforms [B, n]` and each row's state and settings,
+    in three host→device copies."""
+    params = [s.params for s in seqs]
+    ints = torch.tensor([[s.num_cached for s in seqs], [s.tokens[-1] for s in seqs], [p.top_k for p in params],
+                         [int(p.greedy) for p in params]], dtype=torch.long)
+    settings = torch.tensor([[1.0 if p.greedy else p.temperature for p in params], [p.top_p for p in params],
+                             [p.min_p for p in params]], dtype=torch.float64)
+    floats = torch.cat([uniforms.to(torch.float64).t(), settings])
+    return PackedStep(page_table_tensor(seqs, device), _to_device(ints, device), _to_device(floats, device))
+
+
+def unpack_decode(packed: PackedStep, page_size: int, seqs=(), all_greedy: bool = False) -> StepInputs:
+    """The decode step's `StepInputs`: views and casts of `packed`, device work only (so a CUDA
+    graph captures it, and replays read whatever the static packed buffers hold)."""
+    ints, floats = packed.ints, packed.floats
+    n = floats.shape[0] - 3
+    # float64 → float32 rounds a Python float as `torch.tensor(x, dtype=float32)` does.
+    sampling = SamplingTensors(floats[n].float(), ints[2], floats[n + 1].float(), floats[n + 2].float(),
+                               ints[3].bool())
+    prefix = ints[0]
+    return StepInputs(packed.page_table, prefix, torch.ones_like(prefix), ints[1][:, None], sampling,
+                      floats[:n].t().contiguous(), page_size, list(seqs), all_greedy, packed)
+
+
 def decode_inputs(seqs, uniforms: torch.Tensor, page_size: int, device) -> StepInputs:
     """A decode/verify step: the roots at position num_cached of each row."""
-    # One copy of [lengths | roots], packed row-major so that each part is a contiguous view.
-    host = torch.tensor([[s.num_cached for s in seqs], [s.tokens[-1] for s in seqs]], dtype=torch.long)
-    dev = _to_device(host, device)
-    params = [s.params for s in seqs]
-    return StepInputs(page_table_tensor(seqs, device), dev[0], torch.ones_like(dev[0]), dev[1][:, None],
-                      SamplingTensors.from_params(params, device), _to_device(uniforms, device), page_size, seqs,
-                      all(p.greedy for p in params))
+    return unpack_decode(pack_decode(seqs, uniforms, device), page_size, seqs, all(s.params.greedy for s in seqs))
 
 
 def prefill_inputs(seqs, chunk_lens: list[int], uniforms: torch.Tensor, page_size: int, device) -> StepInputs:

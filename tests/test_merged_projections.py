@@ -35,3 +35,12 @@ def test_merged_drafter_projections_match_separate(qwen3_dir, tmp_path):
     assert attn.qkv_proj is not None and attn.kv_proj is not None and not hasattr(attn, "q_proj")
     assert merged.layers[0].mlp.gate_up_proj is not None
     torch.testing.assert_close(probe_drafter(merged), probe_drafter(separate), rtol=1e-5, atol=1e-5)
+
+
+def test_merging_twice_is_a_no_op(qwen2_dir):
+    """A drafter shared by several proposers (bench step) is prepared once per proposer."""
+    model = load_target(qwen2_dir, "float32", "cpu")
+    model.merge_projections()
+    merged = model.model.layers[0].self_attn.qkv_proj
+    model.merge_projections()
+    assert model.model.layers[0].self_attn.qkv_proj is merged

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from blockspec.batch import StepInputs
-from blockspec.sampling import SamplingTensors
+from blockspec.batch import PackedStep, StepInputs, unpack_decode
 from blockspec.speculative.tree import PAD_PARENT, ROOT_PARENT, DraftTree
 
 log = logging.getLogger("blockspec.cuda_graphs")
@@ -37,12 +36,16 @@ def batch_buckets(max_bs: int) -> list[int]:
 
 @dataclass
 class _Static:
-    """One bucket's input buffers, outputs and graph."""
+    """One bucket's input buffers (the packed step the host copies into), outputs and graph."""
 
-    inputs: StepInputs
+    packed: PackedStep
     tree: DraftTree
+    all_greedy: bool
     outputs: tuple | None = None
     graph: torch.cuda.CUDAGraph | None = None
+
+    def inputs(self, page_size: int) -> StepInputs:
+        return unpack_decode(self.packed, page_size, (), self.all_greedy)
 
 
 class GraphedStep:
@@ -65,25 +68,23 @@ class GraphedStep:
 
     def _buffers(self, bs: int, all_greedy: bool) -> _Static:
         dev, W = self.device, self.width
-        sampling = SamplingTensors(torch.ones(bs, device=dev), torch.zeros(bs, dtype=torch.long, device=dev),
-                                   torch.ones(bs, device=dev), torch.zeros(bs, device=dev),
-                                   torch.ones(bs, dtype=torch.bool, device=dev))
+        floats = torch.zeros(self.num_uniforms + 3, bs, dtype=torch.float64, device=dev)
+        floats[self.num_uniforms:self.num_uniforms + 2] = 1.0      # temperature, top_p of padding rows
+        packed = PackedStep(torch.zeros(bs, self.max_pages, dtype=torch.long, device=dev),
+                            torch.zeros(4, bs, dtype=torch.long, device=dev), floats)
         tokens = torch.zeros(bs, W, dtype=torch.long, device=dev)
-        inputs = StepInputs(torch.zeros(bs, self.max_pages, dtype=torch.long, device=dev),
-                            torch.zeros(bs, dtype=torch.long, device=dev), torch.ones(bs, dtype=torch.long, device=dev),
-                            tokens[:, :1], sampling, torch.zeros(bs, self.num_uniforms, dtype=torch.float64, device=dev),
-                            self.page_size, [], all_greedy)
         node = torch.arange(W, device=dev)
         parents = torch.where(node == 0, ROOT_PARENT, PAD_PARENT).expand(bs, W).contiguous()
         tree = DraftTree(tokens, parents, torch.zeros(bs, W, dtype=torch.long, device=dev),
                          torch.zeros(bs, dtype=torch.long, device=dev), torch.zeros(bs, W, device=dev),
                          max_depth=W - 1, is_chain=not self.tree_shaped)
-        return _Static(inputs, tree)
+        return _Static(packed, tree, all_greedy)
 
     @torch.inference_mode()
     def capture(self) -> None:
         """Capture every bucket, largest first so smaller ones reuse its memory pool; each bucket
-        twice: for all-greedy batches (no filters) and for batches with sampled rows."""
+        twice: for all-greedy batches (no filters) and for batches with sampled rows. What is
+        captured starts from the packed buffers: unpacking them is part of the graph."""
         start = time.perf_counter()
         for bs, all_greedy in [(bs, g) for bs in sorted(self.buckets, reverse=True) for g in (True, False)]:
             st = self._buffers(bs, all_greedy)
@@ -94,11 +95,11 @@ class GraphedStep:
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):              # warm-up: Triton compiles, cuBLAS picks kernels
-                    self.fn(st.inputs, self._tree_arg(st))
+                    self.fn(st.inputs(self.page_size), self._tree_arg(st))
             torch.cuda.current_stream().wait_stream(stream)
             st.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(st.graph, pool=self.pool):
-                st.outputs = self.fn(st.inputs, self._tree_arg(st))
+                st.outputs = self.fn(st.inputs(self.page_size), self._tree_arg(st))
             self.pool = st.graph.pool()
             self.static[bs, all_greedy] = st
         if self.device.type == "cuda":
@@ -125,25 +126,24 @@ class GraphedStep:
     @torch.inference_mode()
     def __call__(self, inputs: StepInputs, tree: DraftTree | None):
         B = inputs.batch_size
+        if inputs.packed is None:
+            raise ValueError("graphed steps take decode inputs (batch.decode_inputs), which carry their packed form")
         st = self.static[self.bucket_for(B), inputs.all_greedy]
-        si, stree = st.inputs, st.tree
-        P = inputs.page_table.shape[1]
+        packed, stree = inputs.packed, st.tree
+        P = packed.page_table.shape[1]
         if P > self.max_pages:
             raise ValueError(f"page table of {P} pages exceeds the captured {self.max_pages}")
-        si.page_table[:B, :P].copy_(inputs.page_table)
-        si.page_table[B:].zero_()               # padding rows touch page 0 only
-        si.prefix_lens[:B].copy_(inputs.prefix_lens)
-        si.prefix_lens[B:].zero_()
-        for name in ("temperature", "top_k", "top_p", "min_p", "greedy"):
-            getattr(si.sampling, name)[:B].copy_(getattr(inputs.sampling, name))
-        si.uniforms[:B].copy_(inputs.uniforms)
-        si.input_ids[:B].copy_(inputs.input_ids)
+        st.packed.page_table[:B, :P].copy_(packed.page_table)
+        st.packed.page_table[B:].zero_()               # padding rows touch page 0 only
+        st.packed.ints[:, :B].copy_(packed.ints)
+        st.packed.ints[:, B:].zero_()                  # padding rows: no prefix, token 0
+        st.packed.floats[:, :B].copy_(packed.floats)
         if tree is not None:
             for name in ("tokens", "parents", "depths", "num_nodes"):
                 getattr(stree, name)[:B].copy_(getattr(tree, name))
         if st.graph is not None:
             st.graph.replay()
         else:
-            st.outputs = self.fn(si, self._tree_arg(st))
+            st.outputs = self.fn(st.inputs(self.page_size), self._tree_arg(st))
         result, num_nodes = st.outputs
         return type(result)(**{k: v[:B] for k, v in vars(result).items()}), num_nodes[:B]

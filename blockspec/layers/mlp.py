@@ -22,6 +22,8 @@ class SwiGLU(nn.Module):
 
     def merge_projections(self) -> None:
         """gate and up as one product (see layers/linear.py); the separate layers are dropped."""
+        if self.gate_up_proj is not None:      # merged already: merging is idempotent
+            return
         self.gate_up_proj = MergedLinear([self.gate_proj, self.up_proj])
         del self.gate_proj, self.up_proj
 

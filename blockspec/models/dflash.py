@@ -138,6 +138,8 @@ class DFlashAttention(nn.Module):
         self.kv_proj: MergedLinear | None = None
 
     def merge_projections(self) -> None:
+        if self.qkv_proj is not None:          # merged already: merging is idempotent
+            return
         self.qkv_proj = MergedLinear([self.q_proj, self.k_proj, self.v_proj])
         self.kv_proj = MergedLinear([self.k_proj, self.v_proj])
         del self.q_proj, self.k_proj, self.v_proj

@@ -39,6 +39,8 @@ class LlamaAttention(nn.Module):
 
     def merge_projections(self) -> None:
         """q, k and v as one product (see layers/linear.py); the separate layers are dropped."""
+        if self.qkv_proj is not None:          # merged already: merging is idempotent
+            return
         self.qkv_proj = MergedLinear([self.q_proj, self.k_proj, self.v_proj])
         del self.q_proj, self.k_proj, self.v_proj
 

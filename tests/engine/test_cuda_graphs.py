@@ -77,7 +77,7 @@ def graphed_run(qwen3_dir, drafter, spec, max_bs, caplog, backend="reference"):
         B, bucket = inputs.batch_size, graphed_fn.bucket_for(inputs.batch_size)
         out = graphed_fn(inputs, tree)
         # Padding rows (a batch of 3 in the bucket of 4) point at page 0 only: never a live page.
-        assert graphed_fn.static[bucket, inputs.all_greedy].inputs.page_table[B:].eq(0).all()
+        assert graphed_fn.static[bucket, inputs.all_greedy].packed.page_table[B:].eq(0).all()
         used.append((B, bucket, inputs.all_greedy))
         return out
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+import blockspec.batch as batch_module
 import blockspec.engine.engine as engine_module
 from blockspec.engine.config import EngineConfig
 from blockspec.engine.engine import Engine
 from blockspec.kv.allocator import PageTable
-from blockspec.sampling import SamplingParams, SamplingTensors
+from blockspec.sampling import SamplingParams
 from dflash_fixtures import write_dflash_drafter
 
 
@@ -44,12 +45,14 @@ def drafter(tmp_path_factory, qwen3_dir):
 def test_decode_step_builds_inputs_once_without_per_token_loops(qwen3_dir, drafter, spec, monkeypatch):
     engine = decoding_engine(qwen3_dir, drafter if spec == "dflash" else None, spec)
     built = Counter(monkeypatch, engine_module, "decode_inputs")
-    sampling = Counter(monkeypatch, SamplingTensors, "from_params")
+    packed = Counter(monkeypatch, batch_module, "pack_decode")
+    copies = Counter(monkeypatch, batch_module, "_to_device")
     per_token = Counter(monkeypatch, PageTable, "slot")
     for _ in range(3):
         engine.step()
     assert built.calls == 3
-    assert sampling.calls == 3
+    assert packed.calls == 3
+    assert copies.calls == 3 * 3                    # page table, integer and float settings
     assert per_token.calls == 0                     # slots are computed on the device
 
 

@@ -239,3 +239,14 @@ def test_no_host_sync_and_runs_on_meta_tensors():
     tokens, drawn = sample_children(torch.empty(B, W, dtype=torch.long, **meta), torch.empty(B, W, dtype=torch.long, **meta),
                                     torch.empty(B, L, V, **meta), torch.empty(B, W - 1, dtype=F64, **meta))
     assert tokens.shape == drawn.shape == (B, W)
+
+
+def test_shape_scores_are_ddtree_scores_floored_outside_the_filtered_support():
+    from blockspec.speculative.sampled_tree import SHAPE_FLOOR, shape_scores
+    logits = torch.randn(2, 3, VOCAB, generator=torch.Generator().manual_seed(8))
+    q = distributions((2, 3), seed=9, top_k=2)
+    scores = shape_scores(logits, q, torch.tensor([True, False]))
+    plain = torch.log_softmax(logits, -1)
+    assert torch.equal(scores[1], plain[1])                  # greedy row: today's DDTree
+    assert torch.equal(scores[0], torch.where(q[0] > 0, plain[0], SHAPE_FLOOR))
+    assert (scores[0] > SHAPE_FLOOR).sum(-1).tolist() == [2, 2, 2]

@@ -1,9 +1,8 @@
 """Sampled DDTree trees (docs/ddtree.md, docs/verification.md): the shape from the drafter's
 scores, the tokens drawn from the drafter's filtered distribution q.
 
-A sampled row's tree keeps DDTree's best-first shape, built from the log of its *filtered* q
-(so it follows the request's temperature and truncation), but the token of each node is not
-the rank-r token of its depth: the children of a node are successive draws WITHOUT replacement
+A sampled row's tree keeps DDTree's best-first shape (`shape_scores`), but the token of each
+node is not the rank-r token of its depth: the children of a node are successive draws WITHOUT replacement
 from q at the children's depth, the node's sibling position being its draw number. Verification
 by recursive rejection sampling (`verify.verify_sampled_tree`) is then exact.
 
@@ -29,11 +28,17 @@ SHAPE_FLOOR = -1.0e4
 
 
 def shape_scores(logits: torch.Tensor, draft_probs: torch.Tensor, sampled_rows: torch.Tensor) -> torch.Tensor:
-    """Per-position scores `[B, L, V]` the tree's shape is built from: log q filtered (floored
-    outside the support) for sampled rows, the unfiltered log-softmax (today's DDTree, whose
-    top-k tokens greedy rows keep) for the others. `sampled_rows [B]` bool."""
-    filtered = draft_probs.float().clamp(min=0).log().clamp(min=SHAPE_FLOOR)
-    return torch.where(sampled_rows[:, None, None], filtered, torch.log_softmax(logits.float(), -1))
+    """Per-position scores `[B, L, V]` the tree's shape is built from: today's DDTree scores
+    (the drafter's unfiltered log-softmax), floored outside a sampled row's filtered q.
+
+    Unfiltered, because a temperature-sharpened q makes too narrow a tree for a drafter less
+    sure than its target (bench/results/README.md); floored outside the filtered support,
+    because a node can have at most as many sampled children as q has tokens, so the budget
+    goes to nodes that can be drawn. Greedy rows keep the plain scores (and their top-k tokens).
+    `draft_probs [B, L, V]` is the filtered q, `sampled_rows [B]` bool."""
+    plain = torch.log_softmax(logits.float(), -1)
+    outside = sampled_rows[:, None, None] & (draft_probs <= 0)
+    return torch.where(outside, SHAPE_FLOOR, plain)
 
 
 def sibling_positions(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,7 +32,7 @@ def shape_scores(logits: torch.Tensor, draft_probs: torch.Tensor, sampled_rows: 
     (the drafter's unfiltered log-softmax), floored outside a sampled row's filtered q.
 
     Unfiltered, because a temperature-sharpened q makes too narrow a tree for a drafter less
-    sure than its target (bench/results/README.md); floored outside the filtered support,
+    sure than its target (docs/ddtree.md); floored outside the filtered support,
     because a node can have at most as many sampled children as q has tokens, so the budget
     goes to nodes that can be drawn. Greedy rows keep the plain scores (and their top-k tokens).
     `draft_probs [B, L, V]` is the filtered q, `sampled_rows [B]` bool."""

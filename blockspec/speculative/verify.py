@@ -9,9 +9,11 @@ draw from the target. Greedy rows need no special case because their p is one-ho
 tree whose nodes have one child each, so `verify_chain` only builds parents.
 
 `verify_chain_rejection` is classic speculative rejection sampling, for drafts that were
-sampled from a draft distribution q.
+sampled from a draft distribution q. `verify_sampled_tree` is its multi-draft form for trees
+whose children were drawn from q without replacement (recursive rejection sampling), and
+`verify_mixed_tree` picks the rule per row (greedy rows walk).
 
-All functions are vectorised over the batch (a Python loop runs over depth only), use masks
+All functions are vectorised over the batch (Python loops run over depth or tree nodes only), use masks
 instead of early exits, and never synchronise with the host.
 """
 
@@ -235,8 +237,8 @@ def verify_sampled_tree(
     r ← norm((r − q_i)⁺) (`rejection_residual`) and the next sibling is tested. When no
     sibling is left, the bonus is drawn from r.
 
-    Why it is exact: given that the walk reaches sibling i with residual r, x_i is a fresh draw
-    from q_i (its uniform and its elders' rejections are independent of it), so the token
+    Why it is exact: given that the walk reaches sibling i with residual r (an event fixed by
+    the elders' tokens and their own uniforms), x_i is still a draw from q_i, so the token
     committed from here is x_i w.p. q_i(t) min(1, r(t)/q_i(t)) = min(r, q_i)(t), or else, w.p.
     1 − Σ min(r, q_i) = Σ (r − q_i)⁺, a token from norm((r − q_i)⁺): in all min(r, q_i) +
     (r − q_i)⁺ = r. By induction over the siblings (the last step is the bonus draw from r),

@@ -5,8 +5,8 @@ Triton compiles a kernel per set of constexprs and integer specialisations (== 1
 length, RMSNorm's reduction plan from the row count). Left alone, the first prompt of each new
 length class pays a compile of 0.3–2 s (measured on an H200 for the bundled pair:
 bench/results/gpu_fastpath/), so a server's first requests stall. One prefill per width in
-{1, 2, 3} ∪ {2^k, 2^k + 1} up to the prefill budget covers those classes at batch 1; it runs on
-page 0 (the padding page, never a sequence's), so it leaves no state behind.
+{1, 2, 3} ∪ {2^k, 2^k + 1} up to the prefill budget, each with page tables of two widths,
+covers those classes at batch 1; it runs on page 0 (the padding page, never a sequence's), so it leaves no state behind.
 """
 
 from __future__ import annotations
@@ -40,9 +40,13 @@ def warm_up_prefill(runner, proposer, page_size: int, max_tokens: int) -> list[i
     widths = warm_up_widths(max_tokens)
     start = time.perf_counter()
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_p=0.9)]
+    # Page tables of two widths per chunk: Triton specialises the page table's width and row
+    # stride (== 1, multiples of 16, other), and a prompt's table may hold one page more than its
+    # tokens need (the reserved lookahead). Seen on an H200: with one width, a plain chat's first
+    # prefill still compiled a kernel (1 s).
     for n in widths:
-        for p in params:
-            inputs = StepInputs(torch.zeros(1, -(-n // page_size), dtype=torch.long, device=device),
+        for pages, p in [(pages, p) for pages in (-(-n // page_size), -(-n // page_size) + 1) for p in params]:
+            inputs = StepInputs(torch.zeros(1, pages, dtype=torch.long, device=device),
                                 torch.zeros(1, dtype=torch.long, device=device),
                                 torch.full((1,), n, dtype=torch.long, device=device),
                                 torch.zeros(1, n, dtype=torch.long, device=device),

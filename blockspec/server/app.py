@@ -17,7 +17,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, Request
@@ -37,9 +36,6 @@ from blockspec.server.protocol import ModelCard, ModelList
 logger = logging.getLogger("blockspec")
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-# Threads that parse and tokenise bodies: a few, so one huge prompt does not hold up the short
-# ones, and not many, since the work is CPU-bound.
-PREPARE_THREADS = 4
 
 
 @dataclass
@@ -120,7 +116,6 @@ class _Server:
         self.preparer = preparer
         self.limits = limits
         self.created = int(time.time())
-        self._prepare_pool = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="blockspec-prepare")
 
     # ---- small endpoints ------------------------------------------------------------------
     async def check_api_key(self, request: Request) -> None:
@@ -172,9 +167,11 @@ class _Server:
         return JSONResponse(self._completion_body(job))
 
     async def _prepare(self, request: Request, prepare: Callable[[bytes], Prepared]) -> Prepared:
-        """Read the body within the limits, then parse, validate and tokenise it off the loop."""
+        """Read the body within the limits, then parse, validate and tokenise it off the loop: on
+        the loop's default thread pool (a few threads, so one huge prompt does not hold up the
+        short ones; shut down with the loop)."""
         raw = await read_body(request, self.limits)
-        return await asyncio.get_running_loop().run_in_executor(self._prepare_pool, prepare, raw)
+        return await asyncio.get_running_loop().run_in_executor(None, prepare, raw)
 
     # ---- running -------------------------------------------------------------------------
     async def _start(self, prefix: str, prepared: Prepared, request_id: str | None) -> _Job:

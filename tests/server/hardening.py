@@ -3,7 +3,9 @@ at once and serve an ordinary request exactly as before."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 
 import httpx
 
@@ -29,6 +31,33 @@ def assert_health_is_fast(base_url: str, tries: int = 3) -> None:
         if latencies[-1] < HEALTH_BUDGET_S:
             return
     raise AssertionError(f"/health took {[round(t * 1000) for t in latencies]} ms")
+
+
+def probe_while(busy: Callable[[], bool], base_url: str, short_request: Callable[[], httpx.Response],
+                max_probes: int = 200) -> tuple[list[float], list[httpx.Response]]:
+    """While busy(): probe /health every 20 ms, and meanwhile send two short requests from another
+    thread. Returns (probe latencies, the short requests' responses)."""
+    responses: list[httpx.Response] = []
+
+    def send_short() -> None:
+        time.sleep(0.05)
+        for _ in range(2):
+            responses.append(short_request())
+    other = threading.Thread(target=send_short)
+    other.start()
+    latencies = []
+    while busy() and len(latencies) < max_probes:
+        latencies.append(health_latency(base_url))
+        time.sleep(0.02)
+    other.join(60)
+    return latencies, responses
+
+
+def assert_probes_fast(latencies: list[float]) -> None:
+    # The median probe within budget (a blocked loop makes most probes wait for it); none near a
+    # hang (one may meet a scheduler hiccup on the shared machine).
+    assert latencies and sorted(latencies)[len(latencies) // 2] < HEALTH_BUDGET_S, latencies
+    assert max(latencies) < 2.0, latencies
 
 
 def ordinary_completion(base_url: str, model: str) -> dict:

@@ -1,0 +1,17 @@
+#!/bin/bash
+# Acceptance of the four verification methods on the bundled pair (CPU).
+cd /work/main
+OUT=bench/results/sampled_tree_cpu
+COMMON="--target blockspec/bundled/target --drafter 0=blockspec/bundled/drafter --datasets sharegpt --num-prompts 32 --max-tokens 128"
+run() { name=$1; shift; [ -f $OUT/$name.json ] && [ -z "$FORCE" ] && return; echo "== $name"; OMP_NUM_THREADS=1 /usr/bin/time -f "%e s" .venv/bin/python -m blockspec.bench.acceptance $COMMON "$@" --output $OUT/$name.json; }
+for setting in "t1:--temperatures 1" "t06_topp095:--temperatures 0.6 --top-p 0.95"; do
+  tag=${setting%%:*}; args=${setting#*:}
+  run chain_target_only_$tag --spec dflash $args
+  run chain_rejection_$tag --spec dflash --spec-verify rejection $args
+  run tree16_target_only_$tag --spec ddtree --budget 16 $args
+  run tree16_sampled_$tag --spec ddtree --budget 16 --spec-verify rejection $args
+done
+run tree16_target_only_t0 --spec ddtree --budget 16 --temperatures 0
+run tree16_sampled_t0 --spec ddtree --budget 16 --spec-verify rejection --temperatures 0
+run tree64_sampled_t1 --spec ddtree --budget 64 --spec-verify rejection --temperatures 1
+run tree64_target_only_t1 --spec ddtree --budget 64 --temperatures 1

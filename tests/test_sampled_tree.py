@@ -19,7 +19,7 @@ import torch
 
 import blockspec.speculative.verify as verify_module
 from blockspec.sampling import SamplingParams, SamplingTensors, filtered_probs, sample_from_probs
-from blockspec.speculative.sampled_tree import draw_excluding, fill_with_samples, sample_children
+from blockspec.speculative.sampled_tree import draw_excluding, fill_with_samples, sample_children, sibling_positions
 from blockspec.speculative.tree import PAD_PARENT, ROOT_PARENT, DraftTree
 from blockspec.speculative.verify import verify_sampled_tree
 from stats_helpers import chi_square_pvalue
@@ -250,3 +250,20 @@ def test_shape_scores_are_ddtree_scores_floored_outside_the_filtered_support():
     assert torch.equal(scores[1], plain[1])                  # greedy row: today's DDTree
     assert torch.equal(scores[0], torch.where(q[0] > 0, plain[0], SHAPE_FLOOR))
     assert (scores[0] > SHAPE_FLOOR).sum(-1).tolist() == [2, 2, 2]
+
+
+def test_tree_kernel_builds_the_host_shape_from_floored_scores():
+    """On CUDA the shape comes from the Triton kernel (here its interpreter): floored scores
+    give it the host heap's tree, so sampling after the shape is the same on both paths."""
+    from blockspec.speculative.sampled_tree import shape_scores
+    from blockspec.speculative.tree import build_tree
+    from blockspec.speculative.tree_kernel import build_tree_triton
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    logits = torch.randn(3, 4, VOCAB, generator=torch.Generator().manual_seed(10))
+    q = distributions((3, 4), seed=11, top_k=2)
+    scores = shape_scores(logits, q, torch.tensor([True, True, False]))
+    want, got = build_tree(scores, 12), build_tree_triton(scores.to(device), 12)
+    for field in ("tokens", "parents", "depths", "num_nodes"):
+        assert torch.equal(getattr(got, field).cpu(), getattr(want, field)), field
+    _, position = sibling_positions(want.parents)
+    assert position[:2].max() == 1 and position[2].max() > 1    # sampled rows: ≤ 2 children (q's support)

@@ -4,13 +4,15 @@ Triton compiles a kernel per set of constexprs and integer specialisations (== 1
 16), and several of ours derive constexprs from the shape (the attention tile from the chunk
 length, RMSNorm's reduction plan from the row count). Left alone, the first prompt of each new
 length class pays a compile of 0.3–2 s (measured on an H200 for the bundled pair:
-bench/results/gpu_fastpath/), so a server's first requests stall. One prefill per width in
-{1, 2, 3} ∪ {2^k, 2^k + 1} up to the prefill budget, each with page tables of two widths,
-covers those classes at batch 1; it runs on page 0 (the padding page, never a sequence's), so it leaves no state behind.
+bench/results/gpu_fastpath2/host_profile_run1.txt), so a server's first requests stall. One
+prefill per width in {1, 2, 3} ∪ {2^k, 2^k + 1} up to the prefill budget, each with page tables
+of two widths, covers those classes at batch 1; it runs on page 0 (the padding page, never a
+sequence's), so it leaves no state behind.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 
@@ -45,7 +47,8 @@ def warm_up_prefill(runner, proposer, page_size: int, max_tokens: int) -> list[i
     # tokens need (the reserved lookahead). Seen on an H200: with one width, a plain chat's first
     # prefill still compiled a kernel (1 s).
     for n in widths:
-        for pages, p in [(pages, p) for pages in (-(-n // page_size), -(-n // page_size) + 1) for p in params]:
+        fitting = -(-n // page_size)
+        for pages, p in itertools.product((fitting, fitting + 1), params):
             inputs = StepInputs(torch.zeros(1, pages, dtype=torch.long, device=device),
                                 torch.zeros(1, dtype=torch.long, device=device),
                                 torch.full((1,), n, dtype=torch.long, device=device),

@@ -29,3 +29,11 @@ class MergedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return self.linear(x).split(self.sizes, dim=-1)
+
+
+def merge_submodule_projections(module: nn.Module) -> None:
+    """`merge_projections()` on every submodule of `module` that has one (a target's attention
+    and MLP layers, a drafter's): the CUDA fast path's merged products, idempotent."""
+    for sub in module.modules():
+        if sub is not module and hasattr(sub, "merge_projections"):
+            sub.merge_projections()

@@ -15,6 +15,7 @@ from blockspec.attention.backend import AttentionBackend
 from blockspec.attention.metadata import AttentionBatch
 from blockspec.attention.reference import ReferenceBackend
 from blockspec.kv.cache import CacheSpec, KVCache
+from blockspec.layers.linear import merge_submodule_projections
 
 
 class DecoderLM(nn.Module):
@@ -32,9 +33,7 @@ class DecoderLM(nn.Module):
 
     def merge_projections(self) -> None:
         """Merge every layer's projections that read the same input (CUDA fast path)."""
-        for module in self.modules():
-            if module is not self and hasattr(module, "merge_projections"):
-                module.merge_projections()
+        merge_submodule_projections(self)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)

@@ -15,6 +15,7 @@ import logging
 import torch
 
 from blockspec.attention.metadata import AttentionBatch
+from blockspec.layers.linear import merge_submodule_projections
 
 log = logging.getLogger("blockspec.engine")
 
@@ -66,9 +67,7 @@ def prepare_for_cuda(model, fused_ops: bool = True) -> None:
 def prepare_drafter_for_cuda(drafter, fused_ops: bool) -> None:
     """The same for a DFlash drafter: merged projections, and the fused kernels that keep its
     probe hidden states (`probe_drafter`) exact."""
-    for module in drafter.modules():
-        if module is not drafter and hasattr(module, "merge_projections"):
-            module.merge_projections()
+    merge_submodule_projections(drafter)
     if fused_ops:
         use_fused_ops_if_exact(drafter, probe=probe_drafter, what="drafter")
 

@@ -14,9 +14,9 @@ from blockspec.llm import LLM
 from blockspec.speculative.proposers import Proposer
 from blockspec.speculative.tree import PAD_PARENT, ROOT_PARENT, DraftTree
 from blockspec.sampling import SamplingParams
-from blockspec.validation.lossless import chi_square_against_law, exact_joint_law, sample_continuations
+from blockspec.validation.lossless import exact_joint_law
 from dflash_fixtures import write_dflash_drafter
-from test_lossless import NUM_SAMPLES, NUM_TOKENS, PROMPT, SETTINGS, ALPHA, TEST_DEVICE, over_accepting_verify_tree
+from test_lossless import NUM_TOKENS, PROMPT, SETTINGS, ALPHA, exact_law_llm, law_fit, over_accepting_verify_tree
 from test_spec_greedy import prompts_for
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
@@ -68,25 +68,20 @@ def tiny_drafter(tiny_vocab_dir, tmp_path_factory):
 
 
 def tree_llm(model, drafter, budget):
-    return LLM(model=model, spec="ddtree", draft_model=drafter, budget=budget, max_running_requests=4096,
-               max_prefill_tokens=4096 * len(PROMPT), kv_cache_tokens=4096 * 28, page_size=4, detokenize=False,
-               device=TEST_DEVICE)
+    return exact_law_llm(model, 28, spec="ddtree", draft_model=drafter, budget=budget)
 
 
 @pytest.mark.parametrize("budget, setting", [(4, "t13_topp_minp"), (8, "t1"), (16, "t07_topk5")])
 def test_sampled_tree_is_lossless(tiny_vocab_dir, tiny_drafter, tiny_law, budget, setting):
     llm = tree_llm(tiny_vocab_dir, tiny_drafter, budget)
-    samples = sample_continuations(llm, PROMPT, SETTINGS[setting], NUM_SAMPLES, NUM_TOKENS)
-    res = chi_square_against_law(samples, tiny_law[setting])
+    res = law_fit(llm, tiny_law, setting)
     assert res.p_value > ALPHA, f"{budget=} {setting=} chi2={res.statistic:.1f} p={res.p_value:.2e}"
     assert llm.engine.allocator.num_used_pages == 0
 
 
 def test_sampled_tree_negative_control_fails(tiny_vocab_dir, tiny_drafter, tiny_law, monkeypatch):
     monkeypatch.setattr(step_module, "verify_tree", over_accepting_verify_tree)
-    samples = sample_continuations(tree_llm(tiny_vocab_dir, tiny_drafter, 8), PROMPT, SETTINGS["t1"],
-                                   NUM_SAMPLES, NUM_TOKENS)
-    assert chi_square_against_law(samples, tiny_law["t1"]).p_value < ALPHA
+    assert law_fit(tree_llm(tiny_vocab_dir, tiny_drafter, 8), tiny_law, "t1").p_value < ALPHA
 
 
 class DecoyTreeOracle(Proposer):

@@ -54,17 +54,28 @@ def drafter(tiny_vocab_dir, tmp_path_factory):
     return str(write_dflash_drafter(tmp_path_factory.mktemp("tiny_drafter"), tiny_vocab_dir, block_size=8, std=0.3))
 
 
+def exact_law_llm(model, kv_tokens_per_request: int, **spec) -> LLM:
+    """An engine that takes all NUM_SAMPLES seeded requests of PROMPT in one batch."""
+    return LLM(model=model, max_running_requests=4096, max_prefill_tokens=4096 * len(PROMPT),
+               kv_cache_tokens=4096 * kv_tokens_per_request, page_size=4, detokenize=False, device=TEST_DEVICE,
+               **spec)
+
+
+def law_fit(llm, laws, setting):
+    """Chi-square of the engine's first NUM_TOKENS tokens under SETTINGS[setting] against the
+    exact law of that setting."""
+    samples = sample_continuations(llm, PROMPT, SETTINGS[setting], NUM_SAMPLES, NUM_TOKENS)
+    return chi_square_against_law(samples, laws[setting])
+
+
 def spec_llm(model, drafter, block, verify):
-    return LLM(model=model, spec="dflash", draft_model=drafter, block_size=block, spec_verify=verify,
-               max_running_requests=4096, max_prefill_tokens=4096 * len(PROMPT), kv_cache_tokens=4096 * 24,
-               page_size=4, detokenize=False, device=TEST_DEVICE)
+    return exact_law_llm(model, 24, spec="dflash", draft_model=drafter, block_size=block, spec_verify=verify)
 
 
 @pytest.mark.parametrize("block, verify, setting", CASES)
 def test_speculative_sampling_matches_exact_law(tiny_vocab_dir, drafter, laws, block, verify, setting):
     llm = spec_llm(tiny_vocab_dir, drafter, block, verify)
-    samples = sample_continuations(llm, PROMPT, SETTINGS[setting], NUM_SAMPLES, NUM_TOKENS)
-    result = chi_square_against_law(samples, laws[setting])
+    result = law_fit(llm, laws, setting)
     assert result.p_value > ALPHA, f"{block=} {verify=} {setting=}: chi2={result.statistic:.1f} dof={result.dof} p={result.p_value:.2e}"
     assert llm.engine.allocator.num_used_pages == 0
 
@@ -83,15 +94,10 @@ def over_accepting_verify_tree(target_probs, node_tokens, parents, uniforms):
 
 def test_negative_control_biased_verifier_fails(tiny_vocab_dir, drafter, laws, monkeypatch):
     monkeypatch.setattr(step_module, "verify_tree", over_accepting_verify_tree)
-    llm = spec_llm(tiny_vocab_dir, drafter, 4, "target-only")
-    samples = sample_continuations(llm, PROMPT, SETTINGS["t1"], NUM_SAMPLES, NUM_TOKENS)
-    result = chi_square_against_law(samples, laws["t1"])
+    result = law_fit(spec_llm(tiny_vocab_dir, drafter, 4, "target-only"), laws, "t1")
     assert result.p_value < ALPHA, f"biased verifier passed: p={result.p_value:.3f}"
 
 
 def test_plain_sampling_matches_exact_law(tiny_vocab_dir, laws):
     """The reference itself: plain (non-speculative) sampling from the engine fits the law."""
-    llm = LLM(model=tiny_vocab_dir, max_running_requests=4096, max_prefill_tokens=4096 * len(PROMPT),
-              kv_cache_tokens=4096 * 12, page_size=4, detokenize=False, device=TEST_DEVICE)
-    samples = sample_continuations(llm, PROMPT, SETTINGS["t13_topp_minp"], NUM_SAMPLES, NUM_TOKENS)
-    assert chi_square_against_law(samples, laws["t13_topp_minp"]).p_value > ALPHA
+    assert law_fit(exact_law_llm(tiny_vocab_dir, 12), laws, "t13_topp_minp").p_value > ALPHA

@@ -13,24 +13,21 @@ from blockspec.engine.engine import Engine
 from blockspec.llm import LLM
 from blockspec.sampling import SamplingParams
 from blockspec.speculative.proposers import build_proposer
-from blockspec.validation.lossless import chi_square_against_law, sample_continuations
 from test_ddtree import GREEDY, drafter, tiny_drafter, tiny_law  # noqa: F401 - fixtures
-from test_lossless import ALPHA, NUM_SAMPLES, NUM_TOKENS, PROMPT, SETTINGS, TEST_DEVICE
+from test_lossless import ALPHA, exact_law_llm, law_fit
 from test_sampled_tree import unrenormalised_proposal
 from test_spec_greedy import prompts_for
 
 
 def sampled_tree_llm(model, drafter, budget, topk=None):
-    return LLM(model=model, spec="ddtree", draft_model=drafter, budget=budget, topk=topk, spec_verify="rejection",
-               max_running_requests=4096, max_prefill_tokens=4096 * len(PROMPT), kv_cache_tokens=4096 * 28,
-               page_size=4, detokenize=False, device=TEST_DEVICE)
+    return exact_law_llm(model, 28, spec="ddtree", draft_model=drafter, budget=budget, topk=topk,
+                         spec_verify="rejection")
 
 
 @pytest.mark.parametrize("budget, topk, setting", [(4, None, "t13_topp_minp"), (8, None, "t1"), (16, 3, "t07_topk5")])
 def test_sampled_tree_rejection_matches_exact_law(tiny_vocab_dir, tiny_drafter, tiny_law, budget, topk, setting):
     llm = sampled_tree_llm(tiny_vocab_dir, tiny_drafter, budget, topk)
-    samples = sample_continuations(llm, PROMPT, SETTINGS[setting], NUM_SAMPLES, NUM_TOKENS)
-    res = chi_square_against_law(samples, tiny_law[setting])
+    res = law_fit(llm, tiny_law, setting)
     assert res.p_value > ALPHA, f"{budget=} {setting=} chi2={res.statistic:.1f} p={res.p_value:.2e}"
     assert llm.engine.allocator.num_used_pages == 0
 
@@ -39,9 +36,7 @@ def test_sampled_tree_with_unrenormalised_q_fails(tiny_vocab_dir, tiny_drafter, 
     """Negative control: testing later siblings against q without renormalising it after the
     drawn siblings are removed over-accepts, and the exact-law test must see it."""
     monkeypatch.setattr(verify_module, "sibling_proposal", unrenormalised_proposal)
-    samples = sample_continuations(sampled_tree_llm(tiny_vocab_dir, tiny_drafter, 8), PROMPT, SETTINGS["t1"],
-                                   NUM_SAMPLES, NUM_TOKENS)
-    assert chi_square_against_law(samples, tiny_law["t1"]).p_value < ALPHA
+    assert law_fit(sampled_tree_llm(tiny_vocab_dir, tiny_drafter, 8), tiny_law, "t1").p_value < ALPHA
 
 
 @pytest.mark.parametrize("budget, topk", [(4, None), (16, None), (12, 3)])

@@ -53,6 +53,8 @@ def main() -> int:
     ap.add_argument("--cpu-reference", default=None)
     ap.add_argument("--write-cpu-reference", default=None, help="write plain greedy float32 CPU ids here")
     ap.add_argument("--no-eager", action="store_true", help="skip the eager reference runs (tokens/s only)")
+    ap.add_argument("--compare-overlap", action="store_true",
+                    help="also run without overlapped decoding: its tokens/s and whether the ids are equal")
     args = ap.parse_args()
     if args.write_cpu_reference:
         ref = generate("none", "cpu", "float32", 16, args.max_tokens)
@@ -72,6 +74,10 @@ def main() -> int:
                                  attention_backend="reference")
                 row["eager_reference_tok_per_s"] = eager["tok_per_s"]
                 row["fast_equals_eager_reference"] = sum(a == b for a, b in zip(fast["ids"], eager["ids"]))
+            if args.compare_overlap:
+                sync = generate(method, "cuda", args.dtype, batch, args.max_tokens, overlap_schedule=False)
+                row["no_overlap_tok_per_s"] = sync["tok_per_s"]
+                row["overlap_equals_no_overlap"] = sum(a == b for a, b in zip(fast["ids"], sync["ids"]))
             if cpu:
                 row["equals_cpu_float32"] = sum(a == b[:len(a)] for a, b in zip(fast["ids"], cpu))
             result["runs"][f"{method}_batch{batch}"] = row

@@ -87,21 +87,24 @@ def slots_at(page_table: torch.Tensor, page_size: int, positions: torch.Tensor,
     return torch.where(offsets < counts[:, None], slots, 0)
 
 
-def page_table_tensor(seqs, device) -> torch.Tensor:
+def page_table_tensor(seqs, device, non_blocking: bool = False) -> torch.Tensor:
     """`[B, P]` pages of every row, padded with 0, in one host→device copy: a gather of the
     rows of the engine's persistent page-table store, or (tables without one) from the lists."""
     tables = [s.page_table for s in seqs]
     width = max(len(t.pages) for t in tables) or 1
     store = tables[0].store
     if store is not None and all(t.store is store and t.row is not None for t in tables):
-        return _to_device(store.rows([t.row for t in tables], width), device)
+        return _to_device(store.rows([t.row for t in tables], width), device, non_blocking)
     rows = [t.pages + [0] * (width - len(t.pages)) for t in tables]
-    return _to_device(torch.tensor(rows, dtype=torch.long), device)
+    return _to_device(torch.tensor(rows, dtype=torch.long), device, non_blocking)
 
 
-def _to_device(host: torch.Tensor, device) -> torch.Tensor:
-    """One host→device copy (a no-op on CPU). Not through freshly pinned memory: pinning costs
-    more than these few hundred bytes take to copy, and the step syncs once anyway."""
+def _to_device(host: torch.Tensor, device, non_blocking: bool = False) -> torch.Tensor:
+    """One host→device copy (a no-op on CPU). By default not through pinned memory: pinning
+    costs more than these few hundred bytes take to copy, and the step syncs once anyway. An
+    overlapped step must not wait for the GPU, so it copies from pinned memory, asynchronously."""
+    if non_blocking and torch.device(device).type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
     return host.to(device)
 
 
@@ -119,16 +122,17 @@ class PackedStep:
     floats: torch.Tensor
 
 
-def pack_decode(seqs, uniforms: torch.Tensor, device) -> PackedStep:
+def pack_decode(seqs, uniforms: torch.Tensor, device, non_blocking: bool = False) -> PackedStep:
     """The host side of a decode step: `uniforms [B, n]` and each row's state and settings,
-    in three host→device copies."""
+    in three host→device copies (`non_blocking`: from pinned memory, not waiting for the GPU)."""
     params = [s.params for s in seqs]
     ints = torch.tensor([[s.num_cached for s in seqs], [s.tokens[-1] for s in seqs], [p.top_k for p in params],
                          [int(p.greedy) for p in params]], dtype=torch.long)
     settings = torch.tensor([[1.0 if p.greedy else p.temperature for p in params], [p.top_p for p in params],
                              [p.min_p for p in params]], dtype=torch.float64)
     floats = torch.cat([uniforms.to(torch.float64).t(), settings])
-    return PackedStep(page_table_tensor(seqs, device), _to_device(ints, device), _to_device(floats, device))
+    return PackedStep(page_table_tensor(seqs, device, non_blocking), _to_device(ints, device, non_blocking),
+                      _to_device(floats, device, non_blocking))
 
 
 def unpack_decode(packed: PackedStep, page_size: int, seqs=(), all_greedy: bool = False) -> StepInputs:

@@ -7,7 +7,7 @@ flag, its type, choices and default are written once; what legitimately differs 
 Flag -> `EngineConfig` field (the rest map by name, dashes to underscores):
   --budget -> tree_budget, --topk -> tree_topk, --engine-seed -> seed (`--seed` stays the sampling /
   benchmark seed of the commands that have one), --disable-cuda-graph -> cuda_graph=False,
-  --disable-fused-ops -> fused_ops=False.
+  --disable-fused-ops -> fused_ops=False, --disable-overlap-schedule -> overlap_schedule=False.
 Not a flag: `detokenize` (every command that decodes text needs it; token-id-only tools set it in code).
 Size flags default to None, meaning "the engine's default" (shown in --help): the engine config
 stays the single place those defaults live, and a tool can tell a flag the user gave from one it did not.
@@ -84,6 +84,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, model_required: boo
     g.add_argument("--disable-cuda-graph", action="store_true", help="run decode/verify steps eagerly on CUDA")
     g.add_argument("--disable-fused-ops", action="store_true",
                    help="keep RMSNorm, RoPE and SwiGLU as eager PyTorch on CUDA")
+    g.add_argument("--disable-overlap-schedule", action="store_true",
+                   help="read each decode step's result before launching the next (no CPU/GPU overlap)")
     g.add_argument("--cuda-graph-max-bs", type=positive_int, default=None,
                    help=f"largest batch captured in a CUDA graph (default: {_engine_default('cuda_graph_max_bs')})")
     return g
@@ -96,7 +98,7 @@ def engine_settings_from_args(args: argparse.Namespace) -> dict:
     for f in fields(EngineConfig):
         if f.name in NOT_FLAGS:
             continue
-        if f.name in ("cuda_graph", "fused_ops"):
+        if f.name in ("cuda_graph", "fused_ops", "overlap_schedule"):
             settings[f.name] = not getattr(args, f"disable_{f.name}")
             continue
         dest = next((d for d, field in RENAMED.items() if field == f.name), f.name)

@@ -33,6 +33,7 @@ class EngineConfig:
     cuda_graph: bool = True            # capture decode/verify steps on CUDA (ignored on CPU)
     cuda_graph_max_bs: int = 64        # largest captured batch; larger batches run eager (logged)
     fused_ops: bool = True             # fused Triton RMSNorm/RoPE/SwiGLU on CUDA, if equal to eager (checked)
+    overlap_schedule: bool = True      # CUDA graphs + drafting on the device: launch step N+1 before reading N
 
     def validate(self) -> None:
         if self.spec not in SPEC_ALGORITHMS:

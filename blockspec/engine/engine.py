@@ -7,6 +7,7 @@ happens on the host after a step: committing tokens, stops, detokenization.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from blockspec.batch import decode_inputs, prefill_inputs
 from blockspec.engine.config import EngineConfig
 from blockspec.models.fast_path import prepare_for_cuda
 from blockspec.engine.outputs import SpecMetrics, StepOutput
+from blockspec.engine.overlap import InFlightStep, launch_decode
 from blockspec.engine.runner import ModelRunner
 from blockspec.engine.scheduler import Scheduler
 from blockspec.engine.sequence import Sequence, Status
@@ -26,8 +28,11 @@ from blockspec.kv.page_table import PageTableStore
 from blockspec.models.loader import load_target, parse_device, parse_dtype
 from blockspec.models.registry import load_config
 from blockspec.sampling import SamplingParams, draw_uniforms, filtered_probs, make_generator, sample_from_probs
-from blockspec.speculative.step import SpeculativeStep
+from blockspec.speculative.step import SpeculativeStep, StepResult
 from blockspec.tokenizer import Tokenizer
+
+log = logging.getLogger("blockspec.engine")
+
 
 @dataclass
 class EngineStats:
@@ -72,16 +77,20 @@ class Engine:
         # Cache positions a decode step writes past the committed length: the verify width and
         # the drafter's block.
         lookahead = max(1 + self.proposer.max_nodes, self.proposer.block_size) if self.proposer else 1
+        # Overlapped decoding keeps one step in flight past the one the host has read: a
+        # request then reserves two steps' lookahead.
+        overlap_wanted = self.device.type == "cuda" and config.cuda_graph and config.overlap_schedule
         self.lookahead = lookahead
-        # By default every running request can reach the full context plus one step's lookahead
+        self.reserved_lookahead = lookahead * (2 if overlap_wanted else 1)
+        # By default every running request can reach the full context plus its lookahead
         # (capped at 32k tokens, but never below what a single request may need).
-        per_request = self.max_model_len + lookahead
+        per_request = self.max_model_len + self.reserved_lookahead
         kv_tokens = config.kv_cache_tokens or max(min(config.max_running_requests * per_request, 32768), per_request)
         num_pages = -(-kv_tokens // config.page_size) + 1  # whole pages holding kv_tokens, + reserved page 0
         self.allocator = PageAllocator(num_pages, config.page_size)
         # Rows for every request that may hold pages at once; columns for a full context + lookahead.
         self.page_tables = PageTableStore(config.max_running_requests,
-                                          -(-(self.max_model_len + lookahead) // config.page_size))
+                                          -(-(self.max_model_len + self.reserved_lookahead) // config.page_size))
         self.cache = self.model.cache_spec.allocate(num_pages, config.page_size, parse_dtype(config.dtype), self.device)
         if self.proposer:
             self.proposer.load(self.model, num_pages, config.page_size, self.attention_backend)
@@ -93,7 +102,12 @@ class Engine:
             from blockspec.engine.warmup import warm_up_prefill
             warm_up_prefill(self.runner, self.proposer, config.page_size,
                             min(config.max_prefill_tokens, self.max_model_len))
-        self.scheduler = Scheduler(self.allocator, config.max_running_requests, config.max_prefill_tokens, lookahead)
+        self.overlap = overlap_wanted and self.graphed is not None and self.spec_step.drafts_on_device
+        if overlap_wanted and not self.overlap:
+            log.info("overlapped decoding is off: %s", "drafts are made on the host" if self.graphed else "no CUDA graphs")
+        self.scheduler = Scheduler(self.allocator, config.max_running_requests, config.max_prefill_tokens, lookahead,
+                                   steps_ahead=1 if self.overlap else 0)
+        self.in_flight: InFlightStep | None = None
         self.fallback_generator = torch.Generator().manual_seed(config.seed)
         self.eos_ids = set(self.tokenizer.eos_token_ids) | set(self.model_config.eos_token_ids)
         self._requests: dict[str, _RequestState] = {}
@@ -124,8 +138,9 @@ class Engine:
             raise ValueError(f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) "
                              f"exceeds the context length of {self.max_model_len} tokens")
         capacity = self.allocator.num_usable_pages * self.allocator.page_size
-        if total + self.lookahead > capacity:
-            raise ValueError(f"prompt + max_tokens ({total}) + the speculative step's lookahead ({self.lookahead}) "
+        if total + self.reserved_lookahead > capacity:
+            raise ValueError(f"prompt + max_tokens ({total}) + the speculative step's lookahead "
+                             f"({self.reserved_lookahead}) "
                              f"does not fit the K/V cache ({capacity} tokens); raise kv_cache_tokens")
         seq = Sequence(request_id, list(prompt_token_ids), params, PageTable(self.allocator.page_size, store=self.page_tables),
                        make_generator(params.seed), self._arrivals,
@@ -146,7 +161,7 @@ class Engine:
             state.seq.finish_reason = "abort"
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._requests)
+        return bool(self._requests) or self.in_flight is not None
 
     def stats(self) -> EngineStats:
         page = self.allocator.page_size
@@ -155,9 +170,13 @@ class Engine:
 
     # ---- one step -------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
+        if self.in_flight is not None and not (self.scheduler.can_decode_without_preempting()
+                                               and self.graphed.can_run(len(self.scheduler.running))):
+            # The batch is about to change beyond rows leaving: read the step in flight first.
+            return self._finish_in_flight()
         scheduled = self.scheduler.schedule()
         if scheduled is None:
-            return []
+            return self._finish_in_flight() if self.in_flight is not None else []
         if scheduled.kind == "prefill":
             return self._prefill_step(scheduled.seqs, scheduled.chunk_lens)
         return self._decode_step(scheduled.seqs)
@@ -175,10 +194,29 @@ class Engine:
         return [self._commit(self._requests[s.request_id], [t]) for s, t, do in zip(seqs, tokens, samples) if do]
 
     def _decode_step(self, seqs: list[Sequence]) -> list[StepOutput]:
-        """Draft (if speculating), verify in one target forward, commit, roll back the rest."""
+        """Draft (if speculating), verify in one target forward, commit, roll back the rest.
+        Overlapped: launch this step, then commit the one in flight (engine/overlap.py)."""
         uniforms = self._uniforms(seqs, self.spec_step.uniforms_per_row, [True] * len(seqs))
+        if self.overlap and self.graphed.can_run(len(seqs)):
+            launched = launch_decode(self.graphed, seqs, uniforms, self.cache.page_size, self.device, self.in_flight)
+            outputs = self._finish_in_flight() if self.in_flight is not None else []
+            self.in_flight = launched
+            return outputs
         inputs = decode_inputs(seqs, uniforms, self.cache.page_size, self.device)
-        step = self.spec_step.run(self.runner, inputs, self.graphed)
+        return self._commit_step(seqs, self.spec_step.run(self.runner, inputs, self.graphed))
+
+    def _finish_in_flight(self) -> list[StepOutput]:
+        """Read and commit the step in flight. Rows whose request finished or was aborted
+        meanwhile are dropped (that request's output is complete)."""
+        flight, self.in_flight = self.in_flight, None
+        step = flight.result()
+        live = [i for i, s in enumerate(flight.seqs)
+                if (state := self._requests.get(s.request_id)) is not None and state.seq is s]
+        return self._commit_step([flight.seqs[i] for i in live],
+                                 StepResult(*([getattr(step, f)[i] for i in live]
+                                              for f in ("committed", "accepted", "drafted"))))
+
+    def _commit_step(self, seqs: list[Sequence], step: StepResult) -> list[StepOutput]:
         outputs = []
         for s, committed, accepted, drafted in zip(seqs, step.committed, step.accepted, step.drafted):
             self.scheduler.commit_decode(s, accepted + 1)   # the root and the accepted drafts are cached

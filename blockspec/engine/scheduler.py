@@ -24,12 +24,16 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, allocator: PageAllocator, max_running: int, max_prefill_tokens: int, lookahead: int):
-        """`lookahead` = cache positions a decode step writes past the committed length."""
+    def __init__(self, allocator: PageAllocator, max_running: int, max_prefill_tokens: int, lookahead: int,
+                 steps_ahead: int = 0):
+        """`lookahead` = cache positions a decode step writes past the committed length;
+        `steps_ahead` = decode steps that may be in flight beyond the one the host has read
+        (overlapped decoding: 1), each of which may cache up to `lookahead` positions more."""
         self.allocator = allocator
         self.max_running = max_running
         self.max_prefill_tokens = max_prefill_tokens
         self.lookahead = lookahead
+        self.steps_ahead = steps_ahead
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._last_kind: str | None = None  # kind of the previous step
@@ -95,7 +99,7 @@ class Scheduler:
         i = 0
         while i < len(decoding):
             seq = decoding[i]
-            if self._reserve(seq, seq.num_cached + self.lookahead):
+            if self._reserve(seq, self.decode_reach(seq)):
                 i += 1
                 continue
             # The newest request (by arrival) gives its pages back, also when it is one whose
@@ -110,11 +114,25 @@ class Scheduler:
                     break
         return ScheduledStep("decode", decoding, []) if decoding else None
 
+    def decode_reach(self, seq: Sequence) -> int:
+        """Positions a decode step scheduled now may write up to (its own lookahead past the
+        host's committed length, plus that of any step still in flight)."""
+        return seq.num_cached + self.lookahead * (1 + self.steps_ahead)
+
+    def can_decode_without_preempting(self) -> bool:
+        """Every running request decodes (none prefilling, none waiting) and the pages of the
+        next decode step fit: the batch can only shrink, so a step in flight may stay."""
+        if self.waiting or any(s.is_prefilling for s in self.running):
+            return False
+        need = sum(s.page_table.pages_needed(self.decode_reach(s)) for s in self.running)
+        return self.allocator.can_allocate(need)
+
     def commit_decode(self, seq: Sequence, num_new_cached: int) -> None:
         """After a verify step: `num_new_cached` positions (root + accepted) stay cached; the
-        pages reserved for the rest of the lookahead go back to the pool (rollback)."""
+        pages reserved for the rest of the lookahead go back to the pool (rollback), except
+        those a step still in flight writes."""
         seq.num_cached += num_new_cached
-        seq.page_table.truncate(self.allocator, seq.num_cached)
+        seq.page_table.truncate(self.allocator, seq.num_cached + self.lookahead * self.steps_ahead)
 
     def _newest_running(self) -> Sequence:
         return max(self.running, key=lambda s: s.arrival)

@@ -38,10 +38,20 @@ class StepResult:
     @classmethod
     def from_device(cls, result: VerifyResult, num_nodes: torch.Tensor) -> "StepResult":
         """One device→host copy for the whole step."""
-        packed = torch.cat([result.accept_len[:, None], num_nodes[:, None].to(result.committed.dtype),
-                            result.committed], dim=1).tolist()
-        accepted = [row[0] for row in packed]
-        return cls([row[2:2 + a + 1] for row, a in zip(packed, accepted)], accepted, [row[1] for row in packed])
+        return cls.from_rows(packed_result(result, num_nodes).tolist())
+
+    @classmethod
+    def from_rows(cls, rows: list[list[int]]) -> "StepResult":
+        """From `packed_result`'s rows, read on the host."""
+        accepted = [row[0] for row in rows]
+        return cls([row[2:2 + a + 1] for row, a in zip(rows, accepted)], accepted, [row[1] for row in rows])
+
+
+def packed_result(result: VerifyResult, num_nodes: torch.Tensor) -> torch.Tensor:
+    """`[B, 2 + D + 1]` per row: accepted drafts, drafted nodes, the committed tokens — what the
+    host reads of a step, as one tensor (one copy)."""
+    return torch.cat([result.accept_len[:, None], num_nodes[:, None].to(result.committed.dtype),
+                      result.committed], dim=1)
 
 
 class SpeculativeStep:

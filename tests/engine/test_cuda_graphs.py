@@ -11,54 +11,11 @@ from __future__ import annotations
 import logging
 
 import pytest
-import torch
 
-from blockspec.engine.config import EngineConfig
 from blockspec.engine.cuda_graphs import batch_buckets
-from blockspec.engine.engine import Engine
-from blockspec.sampling import SamplingParams
-from dflash_fixtures import write_dflash_drafter
+from graph_fixtures import DEVICE, engine_for, requests, run
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BACKENDS = ["reference", "triton"] if DEVICE == "cuda" else ["reference"]
-
-
-@pytest.fixture(scope="module")
-def drafter(tmp_path_factory, qwen3_dir):
-    return str(write_dflash_drafter(tmp_path_factory.mktemp("d"), qwen3_dir, block_size=5))
-
-
-def run(engine, requests):
-    for rid, prompt, params in requests:
-        engine.add_request(rid, prompt, params)
-    got = {rid: [] for rid, _, _ in requests}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            got[out.request_id] += out.new_token_ids
-    return got
-
-
-def requests(n=7):
-    gen = torch.Generator().manual_seed(5)
-    out = []
-    for i in range(n):
-        prompt = torch.randint(0, 400, (3 + 2 * i,), generator=gen).tolist()
-        # The last (greedy) request outlives the others: its steps run as an all-greedy batch.
-        n_tokens = 4 + 2 * i if i < n - 1 else 40
-        params = (SamplingParams(temperature=0.0, max_tokens=n_tokens, ignore_eos=True) if i % 2 == 0 else
-                  SamplingParams(temperature=0.9, top_p=0.9, seed=100 + i, max_tokens=n_tokens, ignore_eos=True))
-        out.append((f"r{i}", prompt, params))
-    return out
-
-
-def engine_for(model, spec, drafter, graphs: bool, max_bs: int = 4, backend: str = "reference"):
-    cfg = EngineConfig(model=model, device=DEVICE, spec=spec, draft_model=drafter if spec in ("dflash", "ddtree") else None,
-                       tree_budget=6 if spec == "ddtree" else None, cuda_graph=graphs, cuda_graph_max_bs=max_bs,
-                       attention_backend=backend)
-    engine = Engine(cfg)
-    if graphs and engine.graphed is None:        # CPU: no graphs by default; use the static buffers
-        engine.graphed = engine.capture_graphs()
-    return engine
 
 
 def test_buckets():

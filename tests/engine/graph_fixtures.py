@@ -1,0 +1,50 @@
+"""Engines with graphed decode steps (static buffers on CPU, CUDA graphs on a GPU) and the
+request mix their tests run: greedy and seeded sampled rows that finish at different steps."""
+
+from __future__ import annotations
+
+import torch
+
+from blockspec.engine.config import EngineConfig
+from blockspec.engine.engine import Engine
+from blockspec.sampling import SamplingParams
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def run(engine, requests):
+    for rid, prompt, params in requests:
+        engine.add_request(rid, prompt, params)
+    got = {rid: [] for rid, _, _ in requests}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            got[out.request_id] += out.new_token_ids
+    return got
+
+
+def requests(n=7):
+    gen = torch.Generator().manual_seed(5)
+    out = []
+    for i in range(n):
+        prompt = torch.randint(0, 400, (3 + 2 * i,), generator=gen).tolist()
+        # The last (greedy) request outlives the others: its steps run as an all-greedy batch.
+        n_tokens = 4 + 2 * i if i < n - 1 else 40
+        params = (SamplingParams(temperature=0.0, max_tokens=n_tokens, ignore_eos=True) if i % 2 == 0 else
+                  SamplingParams(temperature=0.9, top_p=0.9, seed=100 + i, max_tokens=n_tokens, ignore_eos=True))
+        out.append((f"r{i}", prompt, params))
+    return out
+
+
+def engine_for(model, spec, drafter, graphs: bool, max_bs: int = 4, backend: str = "reference",
+               overlap: bool = False, **settings):
+    """`overlap`: overlapped decoding (engine/overlap.py), which on CPU runs on the static buffers too."""
+    cfg = EngineConfig(model=model, device=DEVICE, spec=spec, draft_model=drafter if spec in ("dflash", "ddtree") else None,
+                       tree_budget=6 if spec == "ddtree" else None, cuda_graph=graphs, cuda_graph_max_bs=max_bs,
+                       attention_backend=backend, overlap_schedule=overlap, **settings)
+    engine = Engine(cfg)
+    if graphs and engine.graphed is None:        # CPU: no graphs by default; use the static buffers
+        engine.graphed = engine.capture_graphs()
+        if overlap:
+            engine.overlap, engine.scheduler.steps_ahead = True, 1
+    assert engine.overlap == (overlap and graphs and engine.spec_step.drafts_on_device)
+    return engine

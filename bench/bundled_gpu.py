@@ -33,7 +33,10 @@ def generate(method: str, device: str, dtype: str, batch: int, max_tokens: int, 
     llm = LLM(spec=method, device=device, dtype=dtype, max_running_requests=batch, **METHODS[method], **engine)
     chats = [[{"role": "user", "content": p}] for p in PROMPTS]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    llm.chat(chats[:1], params)                          # warm-up (compilation, first launches)
+    # Warm-up: every prompt once, so the timed run sees no first-shape compilation (a
+    # startup cost, measured apart by bench/host_overhead.py --prefill-lengths).
+    for i in range(0, len(chats), batch):
+        llm.chat(chats[i:i + batch], params)
     start = time.perf_counter()
     outs = []
     for i in range(0, len(chats), batch):

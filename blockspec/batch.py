@@ -1,9 +1,9 @@
 """One step's device inputs, built once per step and shared by every room that needs them.
 
 The scheduler hands the engine a list of sequences; `decode_inputs` / `prefill_inputs` turn
-it into tensors with O(batch) host work. A decode step crosses to the device as three tensors
+it into tensors with O(batch) host work. A decode step crosses to the device as one flat tensor
 (`PackedStep`: the page table, the integer settings, the float settings with the uniforms), so
-it costs three host→device copies, and a CUDA graph's static inputs are three copies more;
+it costs one host→device copy (a graphed step's copy lands in its static buffer directly);
 `unpack_decode` makes the step's views of them (on the device, inside the graph when graphed).
 Cache slots and positions are computed on the device (`StepInputs.slots`), so the target
 forward, the drafter and the verifier never rebuild them from Python lists.
@@ -87,64 +87,108 @@ def slots_at(page_table: torch.Tensor, page_size: int, positions: torch.Tensor,
     return torch.where(offsets < counts[:, None], slots, 0)
 
 
-def page_table_tensor(seqs, device, non_blocking: bool = False) -> torch.Tensor:
-    """`[B, P]` pages of every row, padded with 0, in one host→device copy: a gather of the
-    rows of the engine's persistent page-table store, or (tables without one) from the lists."""
+def page_rows(seqs) -> torch.Tensor:
+    """`[B, P]` pages of every row on the host, padded with 0: a gather of the rows of the
+    engine's persistent page-table store, or (tables without one) from the lists."""
     tables = [s.page_table for s in seqs]
     width = max(len(t.pages) for t in tables) or 1
     store = tables[0].store
     if store is not None and all(t.store is store and t.row is not None for t in tables):
-        return _to_device(store.rows([t.row for t in tables], width), device, non_blocking)
-    rows = [t.pages + [0] * (width - len(t.pages)) for t in tables]
-    return _to_device(torch.tensor(rows, dtype=torch.long), device, non_blocking)
+        return store.rows([t.row for t in tables], width)
+    return torch.tensor([t.pages + [0] * (width - len(t.pages)) for t in tables], dtype=torch.long)
 
 
-def _to_device(host: torch.Tensor, device, non_blocking: bool = False) -> torch.Tensor:
-    """One host→device copy (a no-op on CPU). By default not through pinned memory: pinning
-    costs more than these few hundred bytes take to copy, and the step syncs once anyway. An
-    overlapped step must not wait for the GPU, so it copies from pinned memory, asynchronously."""
-    if non_blocking and torch.device(device).type == "cuda":
-        return host.pin_memory().to(device, non_blocking=True)
-    return host.to(device)
+def page_table_tensor(seqs, device) -> torch.Tensor:
+    """`[B, P]` pages of every row, padded with 0, in one host→device copy."""
+    return page_rows(seqs).to(device)
 
 
 @dataclass
 class PackedStep:
-    """A decode step's inputs as the tensors that cross to the device (column b is row b).
+    """A decode step's inputs as one flat int64 tensor and three views of it (column b is row b),
+    so a step crosses to the device in one copy.
 
     page_table [B, P]      int64    the rows' pages, padded with page 0
-    ints       [4, B]      int64    prefix_len, root token, top_k, greedy (0/1)
-    floats     [n + 3, B]  float64  the n uniforms, then temperature (1.0 for greedy rows), top_p, min_p
+    ints       [5, B]      int64    prefix_len, root token, top_k, greedy (0/1), previous row + 1
+                                    (overlapped steps: read prefix and root from that row of the
+                                    step before, on the device; 0 = use these)
+    floats     [n + 3, B]  float64  the n uniforms, then temperature (1.0 for greedy rows), top_p,
+                                    min_p — the flat tensor's bits
+    Padding rows (past the real batch) are zeros: page 0, no prefix, token 0, temperature and top_p 1.
     """
 
     page_table: torch.Tensor
     ints: torch.Tensor
     floats: torch.Tensor
+    flat: torch.Tensor
+
+    @classmethod
+    def of_flat(cls, flat: torch.Tensor, batch: int, pages: int, num_uniforms: int) -> "PackedStep":
+        table, ints, floats = flat.split([batch * pages, 5 * batch, (num_uniforms + 3) * batch])
+        return cls(table.view(batch, pages), ints.view(5, batch),
+                   floats.view(torch.float64).view(num_uniforms + 3, batch), flat)
+
+    @classmethod
+    def empty(cls, batch: int, pages: int, num_uniforms: int, device="cpu", pin: bool = False) -> "PackedStep":
+        flat = torch.zeros(batch * (pages + 5 + num_uniforms + 3), dtype=torch.long, device=device, pin_memory=pin)
+        packed = cls.of_flat(flat, batch, pages, num_uniforms)
+        packed.floats[num_uniforms:num_uniforms + 2] = 1.0
+        return packed
+
+    @property
+    def num_uniforms(self) -> int:
+        return self.floats.shape[0] - 3
+
+    def to(self, device, non_blocking: bool = False) -> "PackedStep":
+        B, P = self.page_table.shape
+        return PackedStep.of_flat(self.flat.to(device, non_blocking=non_blocking), B, P, self.num_uniforms)
+
+    def fill(self, seqs, uniforms: torch.Tensor, previous_rows: list[int] | None = None) -> "PackedStep":
+        """Rows 0…B−1 from the sequences (host tensors); the rest stay padding."""
+        B = len(seqs)
+        params = [s.params for s in seqs]
+        table = page_rows(seqs)
+        if table.shape[1] > self.page_table.shape[1]:
+            raise ValueError(f"page table of {table.shape[1]} pages exceeds the {self.page_table.shape[1]} packed")
+        self.page_table[:B, :table.shape[1]] = table
+        self.ints[:4, :B] = torch.tensor([[s.num_cached for s in seqs], [s.tokens[-1] for s in seqs],
+                                          [p.top_k for p in params], [int(p.greedy) for p in params]])
+        if previous_rows is not None:
+            self.ints[4, :B] = torch.tensor(previous_rows) + 1
+        n = self.num_uniforms
+        self.floats[:n, :B] = uniforms.to(torch.float64).t()
+        self.floats[n:, :B] = torch.tensor([[1.0 if p.greedy else p.temperature for p in params],
+                                            [p.top_p for p in params], [p.min_p for p in params]],
+                                           dtype=torch.float64)
+        return self
 
 
-def pack_decode(seqs, uniforms: torch.Tensor, device, non_blocking: bool = False) -> PackedStep:
-    """The host side of a decode step: `uniforms [B, n]` and each row's state and settings,
-    in three host→device copies (`non_blocking`: from pinned memory, not waiting for the GPU)."""
-    params = [s.params for s in seqs]
-    ints = torch.tensor([[s.num_cached for s in seqs], [s.tokens[-1] for s in seqs], [p.top_k for p in params],
-                         [int(p.greedy) for p in params]], dtype=torch.long)
-    settings = torch.tensor([[1.0 if p.greedy else p.temperature for p in params], [p.top_p for p in params],
-                             [p.min_p for p in params]], dtype=torch.float64)
-    floats = torch.cat([uniforms.to(torch.float64).t(), settings])
-    return PackedStep(page_table_tensor(seqs, device, non_blocking), _to_device(ints, device, non_blocking),
-                      _to_device(floats, device, non_blocking))
+def pack_decode(seqs, uniforms: torch.Tensor, device) -> PackedStep:
+    """The host side of a decode step: `uniforms [B, n]` and each row's state and settings, in
+    one host→device copy (not through pinned memory: pinning costs more than these few
+    hundred bytes take to copy, and the step syncs once anyway)."""
+    P = max(len(s.page_table.pages) for s in seqs) or 1
+    return PackedStep.empty(len(seqs), P, uniforms.shape[1]).fill(seqs, uniforms).to(device)
 
 
-def unpack_decode(packed: PackedStep, page_size: int, seqs=(), all_greedy: bool = False) -> StepInputs:
+def unpack_decode(packed: PackedStep, page_size: int, seqs=(), all_greedy: bool = False,
+                  carry: torch.Tensor | None = None) -> StepInputs:
     """The decode step's `StepInputs`: views and casts of `packed`, device work only (so a CUDA
-    graph captures it, and replays read whatever the static packed buffers hold)."""
+    graph captures it, and replays read whatever the static packed buffers hold). `carry`
+    `[2, ≥B]`: the previous step's next prefix and root per row, read where ints[4] says."""
     ints, floats = packed.ints, packed.floats
-    n = floats.shape[0] - 3
+    n = packed.num_uniforms
     # float64 → float32 rounds a Python float as `torch.tensor(x, dtype=float32)` does.
     sampling = SamplingTensors(floats[n].float(), ints[2], floats[n + 1].float(), floats[n + 2].float(),
                                ints[3].bool())
-    prefix = ints[0]
-    return StepInputs(packed.page_table, prefix, torch.ones_like(prefix), ints[1][:, None], sampling,
+    prefix, root = ints[0], ints[1]
+    if carry is not None:
+        previous = ints[4] - 1
+        known = previous >= 0
+        from_previous = carry[:, previous.clamp(min=0)]
+        prefix = torch.where(known, from_previous[0], prefix)
+        root = torch.where(known, from_previous[1], root)
+    return StepInputs(packed.page_table, prefix, torch.ones_like(prefix), root[:, None], sampling,
                       floats[:n].t().contiguous(), page_size, list(seqs), all_greedy, packed)
 
 
@@ -158,8 +202,8 @@ def prefill_inputs(seqs, chunk_lens: list[int], uniforms: torch.Tensor, page_siz
     width = max(chunk_lens)
     ids = [s.tokens[s.num_cached:s.num_cached + n] + [0] * (width - n) for s, n in zip(seqs, chunk_lens)]
     lens = torch.tensor([[s.num_cached for s in seqs], chunk_lens], dtype=torch.long)
-    lens = _to_device(lens, device)
+    lens = lens.to(device)
     return StepInputs(page_table_tensor(seqs, device), lens[0], lens[1],
-                      _to_device(torch.tensor(ids, dtype=torch.long), device),
+                      torch.tensor(ids, dtype=torch.long).to(device),
                       SamplingTensors.from_params([s.params for s in seqs], device),
-                      _to_device(uniforms, device), page_size, seqs)
+                      uniforms.to(device), page_size, seqs)

@@ -238,7 +238,7 @@ class StepHarness:
             if i == warmup:
                 _sync(self.device)
                 start = time.perf_counter()
-            launched = launch_decode(self.graphed, self.seqs, self.uniforms, self.cache.page_size, self.device, None)
+            launched = launch_decode(self.graphed, self.seqs, self.uniforms, None)
             if previous is not None:
                 previous.result()
             previous = launched

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from blockspec.batch import PackedStep, StepInputs, unpack_decode
+from blockspec.speculative.step import packed_result
 from blockspec.speculative.tree import PAD_PARENT, ROOT_PARENT, DraftTree
 
 log = logging.getLogger("blockspec.cuda_graphs")
@@ -41,11 +42,8 @@ class _Static:
     packed: PackedStep
     tree: DraftTree
     all_greedy: bool
-    outputs: tuple | None = None
+    outputs: tuple | None = None       # (VerifyResult, num_nodes, the packed result rows)
     graph: torch.cuda.CUDAGraph | None = None
-
-    def inputs(self, page_size: int) -> StepInputs:
-        return unpack_decode(self.packed, page_size, (), self.all_greedy)
 
 
 class GraphedStep:
@@ -65,13 +63,14 @@ class GraphedStep:
         self.pool = None
         self.capture_seconds = 0.0
         self._warned: set[int] = set()
+        # Each step's next prefix and root per row, written by every bucket's graph and read by
+        # the next step's (overlapped decoding: engine/overlap.py).
+        self.carry = torch.zeros(2, self.buckets[-1], dtype=torch.long, device=device)
+        self.replays = 0               # steps run, so an overlapped step can check its carry is fresh
 
     def _buffers(self, bs: int, all_greedy: bool) -> _Static:
         dev, W = self.device, self.width
-        floats = torch.zeros(self.num_uniforms + 3, bs, dtype=torch.float64, device=dev)
-        floats[self.num_uniforms:self.num_uniforms + 2] = 1.0      # temperature, top_p of padding rows
-        packed = PackedStep(torch.zeros(bs, self.max_pages, dtype=torch.long, device=dev),
-                            torch.zeros(4, bs, dtype=torch.long, device=dev), floats)
+        packed = PackedStep.empty(bs, self.max_pages, self.num_uniforms, dev)
         tokens = torch.zeros(bs, W, dtype=torch.long, device=dev)
         node = torch.arange(W, device=dev)
         parents = torch.where(node == 0, ROOT_PARENT, PAD_PARENT).expand(bs, W).contiguous()
@@ -95,11 +94,11 @@ class GraphedStep:
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):              # warm-up: Triton compiles, cuBLAS picks kernels
-                    self.fn(st.inputs(self.page_size), self._tree_arg(st))
+                    self._step(st, bs)
             torch.cuda.current_stream().wait_stream(stream)
             st.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(st.graph, pool=self.pool):
-                st.outputs = self.fn(st.inputs(self.page_size), self._tree_arg(st))
+                st.outputs = self._step(st, bs)
             self.pool = st.graph.pool()
             self.static[bs, all_greedy] = st
         if self.device.type == "cuda":
@@ -110,6 +109,22 @@ class GraphedStep:
 
     def _tree_arg(self, st: _Static) -> DraftTree | None:
         return None if self.drafts_on_device else st.tree
+
+    def _step(self, st: _Static, bs: int):
+        """What is captured: unpack the static inputs, the step, the packed result rows, and
+        the carry (each row's next prefix and root) for a step launched before this one is read."""
+        inputs = unpack_decode(st.packed, self.page_size, (), st.all_greedy, self.carry)
+        result, num_nodes = self.fn(inputs, self._tree_arg(st))
+        self.carry[0, :bs].copy_(inputs.prefix_lens + result.accept_len + 1)
+        self.carry[1, :bs].copy_(result.committed.gather(1, result.accept_len[:, None])[:, 0])
+        return result, num_nodes, packed_result(result, num_nodes)
+
+    def _replay(self, st: _Static, bs: int) -> None:
+        self.replays += 1
+        if st.graph is not None:
+            st.graph.replay()
+        else:
+            st.outputs = self._step(st, bs)
 
     def can_run(self, batch_size: int) -> bool:
         if batch_size <= self.buckets[-1]:
@@ -141,9 +156,21 @@ class GraphedStep:
         if tree is not None:
             for name in ("tokens", "parents", "depths", "num_nodes"):
                 getattr(stree, name)[:B].copy_(getattr(tree, name))
-        if st.graph is not None:
-            st.graph.replay()
-        else:
-            st.outputs = self.fn(st.inputs(self.page_size), self._tree_arg(st))
-        result, num_nodes = st.outputs
+        self._replay(st, self.bucket_for(B))
+        result, num_nodes, _ = st.outputs
         return type(result)(**{k: v[:B] for k, v in vars(result).items()}), num_nodes[:B]
+
+    @torch.inference_mode()
+    def launch(self, seqs, uniforms: torch.Tensor, previous_rows: list[int] | None) -> torch.Tensor:
+        """Replay the step of `seqs` (drafting on the device) from host state, with nothing but
+        one host→device copy (pinned, asynchronous) in front of the graph. `previous_rows[b]`:
+        row b's row in the step replayed just before, whose prefix and root replace the host's.
+        Returns the packed result rows `[B, 2 + W]` (static buffer: read before the next replay)."""
+        B = len(seqs)
+        bs = self.bucket_for(B)
+        st = self.static[bs, all(s.params.greedy for s in seqs)]
+        host = PackedStep.empty(bs, self.max_pages, self.num_uniforms, pin=self.device.type == "cuda")
+        host.fill(seqs, uniforms, previous_rows)
+        st.packed.flat.copy_(host.flat, non_blocking=True)
+        self._replay(st, bs)
+        return st.outputs[2][:B]

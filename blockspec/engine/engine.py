@@ -198,7 +198,7 @@ class Engine:
         Overlapped: launch this step, then commit the one in flight (engine/overlap.py)."""
         uniforms = self._uniforms(seqs, self.spec_step.uniforms_per_row, [True] * len(seqs))
         if self.overlap and self.graphed.can_run(len(seqs)):
-            launched = launch_decode(self.graphed, seqs, uniforms, self.cache.page_size, self.device, self.in_flight)
+            launched = launch_decode(self.graphed, seqs, uniforms, self.in_flight)
             outputs = self._finish_in_flight() if self.in_flight is not None else []
             self.in_flight = launched
             return outputs

@@ -19,6 +19,7 @@ from blockspec.engine.config import EngineConfig
 from blockspec.models.fast_path import prepare_for_cuda
 from blockspec.engine.outputs import SpecMetrics, StepOutput
 from blockspec.engine.overlap import InFlightStep, launch_decode
+from blockspec.engine.prefill_graphs import GraphedPrefill, prefill_and_sample
 from blockspec.engine.runner import ModelRunner
 from blockspec.engine.scheduler import Scheduler
 from blockspec.engine.sequence import Sequence, Status
@@ -27,7 +28,7 @@ from blockspec.kv.allocator import PageAllocator, PageTable
 from blockspec.kv.page_table import PageTableStore
 from blockspec.models.loader import load_target, parse_device, parse_dtype
 from blockspec.models.registry import load_config
-from blockspec.sampling import SamplingParams, draw_uniforms, filtered_probs, make_generator, sample_from_probs
+from blockspec.sampling import SamplingParams, draw_uniforms, make_generator
 from blockspec.speculative.step import SpeculativeStep, StepResult
 from blockspec.tokenizer import Tokenizer
 
@@ -98,6 +99,12 @@ class Engine:
         self.runner = ModelRunner(self.model, self.cache, self.device, tuple(capture))
         self.spec_step = SpeculativeStep(self.proposer, config.spec_verify)
         self.graphed = self.capture_graphs() if self.device.type == "cuda" and config.cuda_graph else None
+        self.graphed_prefill = None
+        if self.graphed is not None:
+            self.graphed_prefill = GraphedPrefill(self.runner, self.proposer, self.page_tables.max_pages,
+                                                  config.page_size, min(config.max_prefill_tokens, self.max_model_len),
+                                                  self.device)
+            self.graphed_prefill.capture(self.graphed.pool)
         if self.device.type == "cuda":
             from blockspec.engine.warmup import warm_up_prefill
             warm_up_prefill(self.runner, self.proposer, config.page_size,
@@ -184,11 +191,11 @@ class Engine:
     def _prefill_step(self, seqs: list[Sequence], chunk_lens: list[int]) -> list[StepOutput]:
         samples = [s.num_cached + n == s.prefill_target and s.num_output == 0 for s, n in zip(seqs, chunk_lens)]
         inputs = prefill_inputs(seqs, chunk_lens, self._uniforms(seqs, 1, samples), self.cache.page_size, self.device)
-        logits, features, batch, positions = self.runner.prefill(inputs)
-        if self.proposer:
-            self.proposer.on_prefill(features, batch, positions)
         # Every row is sampled (fixed shapes); rows whose prompt is not fully cached drop theirs.
-        tokens = sample_from_probs(filtered_probs(logits, inputs.sampling), inputs.uniforms[:, 0]).tolist()
+        drawn = self.graphed_prefill(inputs) if self.graphed_prefill is not None else None
+        if drawn is None:
+            drawn = prefill_and_sample(self.runner, self.proposer, inputs)
+        tokens = drawn.tolist()
         for s, n in zip(seqs, chunk_lens):
             s.num_cached += n
         return [self._commit(self._requests[s.request_id], [t]) for s, t, do in zip(seqs, tokens, samples) if do]

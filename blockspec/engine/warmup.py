@@ -19,7 +19,8 @@ import time
 import torch
 
 from blockspec.batch import StepInputs
-from blockspec.sampling import SamplingParams, SamplingTensors, filtered_probs, sample_from_probs
+from blockspec.engine.prefill_graphs import prefill_and_sample
+from blockspec.sampling import SamplingParams, SamplingTensors
 
 log = logging.getLogger("blockspec.engine")
 
@@ -55,10 +56,7 @@ def warm_up_prefill(runner, proposer, page_size: int, max_tokens: int) -> list[i
                                 torch.zeros(1, n, dtype=torch.long, device=device),
                                 SamplingTensors.from_params([p], device),
                                 torch.zeros(1, 1, dtype=torch.float64, device=device), page_size, [])
-            logits, features, batch, positions = runner.prefill(inputs)
-            if proposer is not None:
-                proposer.on_prefill(features, batch, positions)
-            sample_from_probs(filtered_probs(logits, inputs.sampling), inputs.uniforms[:, 0])
+            prefill_and_sample(runner, proposer, inputs)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     log.info("prefill warm-up: widths %s in %.1f s", widths, time.perf_counter() - start)

@@ -3,7 +3,8 @@
 An eager prefill of a short prompt is all host: hundreds of launches (a Triton launch alone costs
 tens of microseconds of Python), about 15 ms for the bundled pair on an H200 against 0.4 ms of
 GPU work (bench/prefill_profile.py). Replaying a graph costs one launch. A prefill step of up to
-`max(PREFILL_ROWS)` rows whose chunks fit the widest bucket pads to its bucket:
+`max(PREFILL_ROWS)` rows whose chunks fit the widest bucket pads to its bucket (buckets past
+twice the prefill token budget are not captured: the scheduler never fills them):
 
 - columns past a row's chunk are padding: `new_lens` marks them, so their K/V (and the
   drafter's context) go to page 0's slot 0 and their queries' outputs are never read;
@@ -31,7 +32,7 @@ from blockspec.sampling import SamplingTensors, filtered_probs, sample_from_prob
 log = logging.getLogger("blockspec.cuda_graphs")
 
 PREFILL_WIDTHS = (8, 16, 32, 64, 128, 256)
-PREFILL_ROWS = (1, 2, 4)
+PREFILL_ROWS = (1, 2, 4, 8, 16)
 
 
 def prefill_and_sample(runner, proposer, inputs: StepInputs) -> torch.Tensor:
@@ -70,6 +71,7 @@ class GraphedPrefill:
         self.runner, self.proposer = runner, proposer
         self.max_pages, self.page_size, self.device = max_pages, page_size, device
         self.widths = [w for w in PREFILL_WIDTHS if w <= max_tokens]
+        self.buckets = [(r, w) for r in PREFILL_ROWS for w in self.widths if r * w <= 2 * max(max_tokens, 256)]
         self.static: dict[tuple[int, int], _PrefillStatic] = {}
         self.capture_seconds = 0.0
 
@@ -89,33 +91,32 @@ class GraphedPrefill:
     def capture(self, pool=None):
         """Capture every bucket (widest first, sharing `pool`, e.g. the decode graphs'); returns the pool."""
         start = time.perf_counter()
-        for rows in sorted(PREFILL_ROWS, reverse=True):
-            for width in sorted(self.widths, reverse=True):
-                st = self._buffers(rows, width)
-                self.static[rows, width] = st
-                if self.device.type != "cuda":
-                    continue
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    for _ in range(2):                # warm-up: Triton compiles, cuBLAS picks kernels
-                        self._run(st)
-                torch.cuda.current_stream().wait_stream(stream)
-                st.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(st.graph, pool=pool):
-                    st.tokens = self._run(st)
-                pool = st.graph.pool()
+        for rows, width in sorted(self.buckets, key=lambda b: -b[0] * b[1]):
+            st = self._buffers(rows, width)
+            self.static[rows, width] = st
+            if self.device.type != "cuda":
+                continue
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):                    # warm-up: Triton compiles, cuBLAS picks kernels
+                    self._run(st)
+            torch.cuda.current_stream().wait_stream(stream)
+            st.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(st.graph, pool=pool):
+                st.tokens = self._run(st)
+            pool = st.graph.pool()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
-        log.info("captured prefill CUDA graphs for %s rows × widths %s in %.1f s", list(PREFILL_ROWS),
-                 self.widths, self.capture_seconds)
+        log.info("captured %d prefill CUDA graphs (rows %s × widths %s) in %.1f s", len(self.buckets),
+                 list(PREFILL_ROWS), self.widths, self.capture_seconds)
         return pool
 
     def bucket_for(self, rows: int, width: int) -> tuple[int, int] | None:
-        r = next((b for b in sorted(PREFILL_ROWS) if b >= rows), None)
-        w = next((b for b in self.widths if b >= width), None)
-        return None if r is None or w is None else (r, w)
+        """The smallest captured bucket holding `rows` × `width` (fewest padded tokens)."""
+        fits = [b for b in self.buckets if b[0] >= rows and b[1] >= width]
+        return min(fits, key=lambda b: (b[0] * b[1], b[1])) if fits else None
 
     @torch.inference_mode()
     def __call__(self, inputs: StepInputs) -> torch.Tensor | None:

@@ -30,6 +30,21 @@ log = logging.getLogger("blockspec.cuda_graphs")
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
+def capture_graph(run, pool=None) -> tuple[torch.cuda.CUDAGraph, object]:
+    """`run()` twice on a side stream (Triton compiles, cuBLAS picks its kernels), then captured
+    into a graph sharing `pool`. Returns the graph and the captured call's outputs (static)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = run()
+    return graph, outputs
+
+
 def batch_buckets(max_bs: int) -> list[int]:
     """Captured batch sizes: the defaults up to `max_bs`, and `max_bs` itself."""
     return sorted({b for b in DEFAULT_BUCKETS if b <= max_bs} | {max_bs})
@@ -90,15 +105,7 @@ class GraphedStep:
             if self.device.type != "cuda":
                 self.static[bs, all_greedy] = st
                 continue
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):              # warm-up: Triton compiles, cuBLAS picks kernels
-                    self._step(st, bs)
-            torch.cuda.current_stream().wait_stream(stream)
-            st.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(st.graph, pool=self.pool):
-                st.outputs = self._step(st, bs)
+            st.graph, st.outputs = capture_graph(lambda: self._step(st, bs), self.pool)
             self.pool = st.graph.pool()
             self.static[bs, all_greedy] = st
         if self.device.type == "cuda":

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from blockspec.batch import StepInputs
+from blockspec.engine.cuda_graphs import capture_graph
 from blockspec.sampling import SamplingTensors, filtered_probs, sample_from_probs
 
 log = logging.getLogger("blockspec.cuda_graphs")
@@ -96,15 +97,7 @@ class GraphedPrefill:
             self.static[rows, width] = st
             if self.device.type != "cuda":
                 continue
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):                    # warm-up: Triton compiles, cuBLAS picks kernels
-                    self._run(st)
-            torch.cuda.current_stream().wait_stream(stream)
-            st.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(st.graph, pool=pool):
-                st.tokens = self._run(st)
+            st.graph, st.tokens = capture_graph(lambda: self._run(st), pool)
             pool = st.graph.pool()
         if self.device.type == "cuda":
             torch.cuda.synchronize()

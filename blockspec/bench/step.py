@@ -22,7 +22,7 @@ from blockspec.attention.backend import select_backend
 from blockspec.batch import decode_inputs
 from blockspec.engine.overlap import launch_decode
 from blockspec.config import ModelConfig
-from blockspec.engine.cuda_graphs import GraphedStep
+from blockspec.engine.cuda_graphs import GraphedStep, batch_buckets
 from blockspec.models.fast_path import prepare_for_cuda
 from blockspec.engine.runner import ModelRunner
 from blockspec.kv.allocator import PageAllocator, PageTable
@@ -153,8 +153,9 @@ class StepHarness:
     """B requests at `context` cached tokens and one decode step's machinery around them."""
 
     def __init__(self, model, batch: int, context: int, proposer: Proposer | None, temperature: float,
-                 graphs: bool, page_size: int = 16, drafter=None):
-        """`drafter`: an in-memory DFlash drafter for a `DFlashProposer` (attached, not loaded)."""
+                 graphs: bool, page_size: int = 16, drafter=None, all_buckets: bool = False):
+        """`drafter`: an in-memory DFlash drafter for a `DFlashProposer` (attached, not loaded);
+        `all_buckets`: capture every engine bucket up to `batch` (as the engine does), not just `batch`."""
         self.model, self.device = model, model.lm_head.weight.device
         lookahead = max(1 + (proposer.max_nodes if proposer else 0), proposer.block_size if proposer else 0)
         per_row = -(-(context + lookahead) // page_size)
@@ -184,7 +185,7 @@ class StepHarness:
                                        self.width, self.spec_step.uniforms_per_row, per_row, page_size,
                                        bool(proposer and proposer.builds_trees), self.spec_step.drafts_on_device,
                                        self.device, batch)
-            self.graphed.buckets = [batch]
+            self.graphed.buckets = batch_buckets(batch) if all_buckets else [batch]
             self.graphed.capture()
             self.capture_s = self.graphed.capture_seconds
 
@@ -304,6 +305,7 @@ class StepBenchConfig:
     temperatures: list[float] = field(default_factory=lambda: [0.0, 0.6])
     iters: int = 20
     graphs: bool = True
+    capture_all: bool = False       # also time the engine's whole decode capture (every bucket ≤ max batch)
     profile: bool = False           # kernel table of the batch-1 decode and verify steps (eager)
     attention_backend: str = "auto"
     output: str | None = None
@@ -386,6 +388,11 @@ def run_step_bench(cfg: StepBenchConfig, log=print) -> dict:
         cold, warm = by_name.get(("decode T=0", batch)), by_name.get(("decode T=0.6", batch))
         if cold and warm:
             derived[f"t0.6_over_t0_batch{batch}"] = warm.ms / cold.ms
+    if cfg.capture_all and cfg.graphs and device.type == "cuda":
+        harness = StepHarness(model, max(cfg.batches), cfg.context, None, 0.0, True, all_buckets=True)
+        derived["capture_all_buckets_s"] = harness.capture_s   # plain decode, greedy and sampled per bucket
+        del harness
+        torch.cuda.empty_cache()
     for key, value in derived.items():
         log(f"{key}: {value:.3f}")
     result = {"config": asdict(cfg), "derived": derived, "profiles": profiles, "copy_bandwidth_bytes_per_s": bandwidth, "weight_bytes": weights,

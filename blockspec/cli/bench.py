@@ -130,6 +130,8 @@ def _add_step(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--profile", action="store_true", help="kernel table of the batch-1 steps (CUDA)")
+    p.add_argument("--capture-all", action="store_true",
+                   help="also time capturing every CUDA-graph bucket up to the largest batch (plain decode)")
     p.add_argument("--output", default=None, help="JSON results file")
     p.set_defaults(func=cmd_bench_step)
 
@@ -144,7 +146,8 @@ def cmd_bench_step(args) -> int:
                           trees=_positive_ints(args.trees, "--trees"), drafter_layers=args.drafter_layers,
                           block_size=args.block_size, temperatures=_temperatures(args.temperatures, "--temperatures"),
                           iters=args.iters, graphs=not args.disable_cuda_graph,
-                          attention_backend=args.attention_backend, profile=args.profile, output=args.output)
+                          attention_backend=args.attention_backend, profile=args.profile, capture_all=args.capture_all,
+                          output=args.output)
     run_step_bench(cfg)
     return 0
 

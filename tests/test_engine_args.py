@@ -40,6 +40,7 @@ EVERY_FLAG = {
     "--attention-backend": ("triton", "attention_backend", "triton"),
     "--disable-cuda-graph": (None, "cuda_graph", False),
     "--disable-fused-ops": (None, "fused_ops", False),
+    "--disable-overlap-schedule": (None, "overlap_schedule", False),
     "--cuda-graph-max-bs": ("16", "cuda_graph_max_bs", 16),
 }
 

@@ -121,8 +121,12 @@ def _load_hf(path: Path) -> HFBackend:
     from transformers import AutoTokenizer  # deferred: importing transformers is slow
 
     try:
-        hf = AutoTokenizer.from_pretrained(str(path))
+        # False, not the default None: None makes transformers ask on stdin whether to run it.
+        hf = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as exc:  # transformers raises many types for a broken tokenizer
+        if (remote := _remote_code_file(path)) is not None:
+            raise ValueError(f"the tokenizer in {str(path)!r} needs remote code ({remote}, named by "
+                             "tokenizer_config.json's auto_map), which blockspec never runs") from exc
         raise ValueError(f"could not load the tokenizer in {str(path)!r}: {exc}") from exc
     if getattr(hf, "backend_tokenizer", None) is None:
         raise ValueError(f"the tokenizer in {str(path)!r} is not a fast (tokenizers) tokenizer")

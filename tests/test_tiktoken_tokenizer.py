@@ -109,3 +109,15 @@ def test_remote_code_only_is_refused(tmp_path):
     (other / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "QwenTokenizer"}))
     with pytest.raises(ValueError, match="tiktoken.model: tokenizer_config.json names tokenizer_class 'QwenTokenizer'"):
         Tokenizer.load(other)
+
+
+def test_tokenizer_json_with_remote_class_is_refused_without_asking(tmp_path, monkeypatch):
+    """transformers would ask on stdin whether to run the remote class; blockspec says no at once."""
+    from fixtures import write_tokenizer
+    write_tokenizer(tmp_path, 300)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config.update(tokenizer_class="XTokenizer", auto_map={"AutoTokenizer": ["tokenization_x.XTokenizer", None]})
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    monkeypatch.setattr("builtins.input", lambda *a: pytest.fail("asked whether to run remote code"))
+    with pytest.raises(ValueError, match=r"needs remote code \(tokenization_x\.py"):
+        Tokenizer.load(tmp_path)

@@ -18,7 +18,7 @@ from torch import nn
 
 from blockspec.attention.backend import AttentionBackend
 from blockspec.layers.int4_linear import Int4Linear
-from blockspec.models.quantized import Quantization, dequantize_state_dict, quantization_of
+from blockspec.models.quantized import Quantization, dequantize_state_dict, human_bytes, quantization_of
 from blockspec.models.registry import Wrapper, model_class_for, parse_config, read_config, wrapper_of
 
 logger = logging.getLogger("blockspec")
@@ -81,8 +81,8 @@ def drop_skipped(state: dict[str, torch.Tensor], wrapper: Wrapper | None) -> Non
         size = sum(state[k].numel() * state[k].element_size() for k in skipped)
         for k in skipped:
             del state[k]
-        logger.info("%s: skipped %d vision weights (%s; %.1f MiB): blockspec serves the text model only",
-                    wrapper.name, len(skipped), ", ".join(p + "*" for p in wrapper.skipped_prefixes), size / 2**20)
+        logger.info("%s: skipped %d vision weights (%s; %s): blockspec serves the text model only",
+                    wrapper.name, len(skipped), ", ".join(p + "*" for p in wrapper.skipped_prefixes), human_bytes(size))
 
 
 def text_names(state: dict[str, torch.Tensor], wrapper: Wrapper | None) -> dict[str, torch.Tensor]:

@@ -135,14 +135,14 @@ class DequantReport:
 
     def line(self, dtype: torch.dtype) -> str:
         text = (f"quantised weights ({self.fmt}): {self.tensors} dequantised to {str(dtype).removeprefix('torch.')}, "
-                f"{_size(self.stored_bytes)} as stored -> {_size(self.dequantized_bytes)} in memory "
-                f"(+{_size(self.dequantized_bytes - self.stored_bytes)})")
+                f"{human_bytes(self.stored_bytes)} as stored -> {human_bytes(self.dequantized_bytes)} in memory "
+                f"(+{human_bytes(self.dequantized_bytes - self.stored_bytes)})")
         if self.kept_tensors:
-            text += f"; {self.kept_tensors} kept packed ({_size(self.kept_bytes)})"
+            text += f"; {self.kept_tensors} kept packed ({human_bytes(self.kept_bytes)})"
         return text
 
 
-def _size(nbytes: int) -> str:
+def human_bytes(nbytes: int) -> str:
     """Bytes in the largest binary unit that keeps the number at least 1."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(nbytes) >= scale:

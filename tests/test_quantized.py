@@ -16,7 +16,7 @@ from blockspec.models.quantized import dequantize_fp8_block, quantization_of
 from quant_fixtures import fp8_block_quantize, fp8_copy, int4_copy, kimi_k25_copy
 from test_models import our_logits
 
-pack_quantized = pytest.importorskip("compressed_tensors.compressors.pack_quantized.helpers")
+from compressed_tensors.compressors.pack_quantized import helpers as pack_quantized  # noqa: E402  (dev dependency)
 
 
 # ---- the formats' math ---------------------------------------------------------------------------

@@ -109,6 +109,24 @@ def keep_int4_linears(model: nn.Module, state: dict[str, torch.Tensor], quant: Q
             setattr(model.get_submodule(parent), attr, layer)
 
 
+def model_weights(model_dir: str | Path, raw: dict, model: nn.Module, dtype: torch.dtype,
+                  int4_linears: bool = False) -> dict[str, torch.Tensor]:
+    """The checkpoint's weights under `model`'s names: a wrapper's vision weights dropped, its
+    text weights renamed, quantised weights dequantised to `dtype` (or left packed for modules
+    that keep them; `int4_linears` first makes every packed plain linear such a module)."""
+    wrapper, quant = wrapper_of(raw), quantization_of(raw)
+    state = load_state_dict(model_dir)
+    drop_skipped(state, wrapper)
+    prefix = wrapper.text_prefix if wrapper else ""
+    if int4_linears:
+        keep_int4_linears(model, state, quant, prefix)
+    keep = {prefix + k[:-len(".weight_packed")] for k in model.state_dict() if k.endswith(".weight_packed")}
+    report = dequantize_state_dict(state, quant, dtype, keep)
+    if quant is not None:
+        logger.info("%s", report.line(dtype))
+    return text_names(state, wrapper)
+
+
 def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
                 device: str | torch.device = "cpu", backend: AttentionBackend | None = None,
                 *, int4_linears: bool = False):
@@ -117,20 +135,11 @@ def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
     `int4_linears=True` keeps packed INT4 weights of plain linear layers packed (`Int4Linear`:
     the W4A16 kernel on CUDA) instead of dequantising them."""
     raw = read_config(model_dir)
-    cfg, wrapper, quant = parse_config(raw), wrapper_of(raw), quantization_of(raw)
+    cfg = parse_config(raw)
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
     with torch.device("meta"):
         model = model_class_for(cfg)(cfg, backend)
-    state = load_state_dict(model_dir)
-    drop_skipped(state, wrapper)
-    prefix = wrapper.text_prefix if wrapper else ""
-    if int4_linears:
-        keep_int4_linears(model, state, quant, prefix)
-    keep = {prefix + k[:-len(".weight_packed")] for k in model.state_dict() if k.endswith(".weight_packed")}
-    report = dequantize_state_dict(state, quant, torch_dtype, keep)
-    if quant is not None:
-        logger.info("%s", report.line(torch_dtype))
-    state = text_names(state, wrapper)
+    state = model_weights(model_dir, raw, model, torch_dtype, int4_linears)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     expected = set(model.state_dict().keys())

@@ -1,8 +1,10 @@
 """Tokenizer: encoding, chat templates and incremental detokenization.
 
-Loading and chat-template rendering are delegated to transformers (`AutoTokenizer`), so a
-template stored in `tokenizer_config.json` or in `chat_template.jinja` renders exactly as
-transformers renders it. Only fast (`tokenizer.json`) tokenizers are supported.
+Two backends. A `tokenizer.json` directory loads through transformers (`AutoTokenizer`, fast
+tokenizers only), so a template stored in `tokenizer_config.json` or in `chat_template.jinja`
+renders exactly as transformers renders it. A `tiktoken.model` directory (Kimi K2) loads through
+`blockspec.tiktoken_tokenizer`, which reproduces Kimi's remote tokenizer code from its data.
+Remote code (`trust_remote_code`) is never run: a directory that has only that is refused.
 
 Streaming text out of a growing list of token ids is done by `IncrementalDetokenizer` with the
 prefix/read-offset technique: decode a short window of already-emitted tokens once without and
@@ -59,59 +61,142 @@ def collect_eos_token_ids(model_dir: Path, tokenizer_eos_id: int | None) -> list
     return _unique(ids)
 
 
-class Tokenizer:
-    """A model directory's tokenizer: encode/decode, chat templates, streaming detokenizers."""
+class HFBackend:
+    """A transformers fast tokenizer as a `Tokenizer` backend (the interface `TiktokenBackend`
+    in blockspec/tiktoken_tokenizer.py shares: vocab_size, special_tokens, eos_token_id,
+    chat_template, token_to_id, encode, encode_text_only, decoder, render_chat)."""
 
-    def __init__(self, hf_tokenizer, eos_token_ids: list[int], source: str = "<memory>"):
-        self._hf = hf_tokenizer
-        self.source = source
-        self.eos_token_ids: list[int] = list(eos_token_ids)
+    def __init__(self, hf_tokenizer):
+        self.hf = hf_tokenizer
         self.vocab_size: int = len(hf_tokenizer)
-        self.mask_token_id: int | None = hf_tokenizer.backend_tokenizer.token_to_id(MASK_TOKEN)
-        # Special (control) tokens by their text, longest first so that a regex prefers them.
-        specials = sorted({t.content: i for i, t in hf_tokenizer.added_tokens_decoder.items() if t.special}.items(),
-                          key=lambda item: -len(item[0]))
-        self._special_ids: dict[str, int] = dict(specials)
-        self._special_text = re.compile("|".join(re.escape(t) for t, _ in specials)) if specials else None
+        self.special_tokens: dict[str, int] = {
+            t.content: i for i, t in hf_tokenizer.added_tokens_decoder.items() if t.special}
+        self.eos_token_id: int | None = hf_tokenizer.eos_token_id
         self._text_only_backend = None  # built on first use: a copy that never parses special tokens
         self._text_only_lock = threading.Lock()
 
+    @property
+    def chat_template(self):
+        return getattr(self.hf, "chat_template", None)
+
+    def token_to_id(self, text: str) -> int | None:
+        return self.hf.backend_tokenizer.token_to_id(text)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def encode_text_only(self, text: str) -> list[int]:
+        """Ids of `text` with special-token text encoded as ordinary text."""
+        return list(self._text_only().encode(text, add_special_tokens=False).ids)
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs) -> str:
+        return self.hf.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs)
+
+    def _text_only(self):
+        """A copy of the backend tokenizer that encodes special-token text as ordinary text (a
+        copy, not a toggled flag: other threads encode with the original at the same time)."""
+        with self._text_only_lock:
+            if self._text_only_backend is None:
+                from tokenizers import Tokenizer as BackendTokenizer
+                backend = BackendTokenizer.from_str(self.hf.backend_tokenizer.to_str())
+                backend.encode_special_tokens = True
+                backend.no_truncation()
+                backend.no_padding()
+                self._text_only_backend = backend
+            return self._text_only_backend
+
+    def decoder(self, skip_special_tokens: bool = True) -> Callable[[list[int]], str]:
+        """ids → text. A fast tokenizer that does no clean-up decodes straight through its Rust
+        backend: the same text as transformers' `decode` (which calls it, then cleans up), without
+        the Python around it that dominated the host's per-token cost."""
+        hf = self.hf
+        backend = getattr(hf, "backend_tokenizer", None)
+        if backend is not None and not getattr(hf, "clean_up_tokenization_spaces", False):
+            return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
+        return lambda ids: hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def _load_hf(path: Path) -> HFBackend:
+    from transformers import AutoTokenizer  # deferred: importing transformers is slow
+
+    try:
+        # False, not the default None: None makes transformers ask on stdin whether to run it.
+        hf = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except Exception as exc:  # transformers raises many types for a broken tokenizer
+        if (remote := _remote_code_file(path)) is not None:
+            raise ValueError(f"the tokenizer in {str(path)!r} needs remote code ({remote}, named by "
+                             "tokenizer_config.json's auto_map), which blockspec never runs") from exc
+        raise ValueError(f"could not load the tokenizer in {str(path)!r}: {exc}") from exc
+    if getattr(hf, "backend_tokenizer", None) is None:
+        raise ValueError(f"the tokenizer in {str(path)!r} is not a fast (tokenizers) tokenizer")
+    return HFBackend(hf)
+
+
+def _remote_code_file(path: Path) -> str | None:
+    """The tokenizer module tokenizer_config.json's auto_map points at (remote code), if any."""
+    try:
+        auto = json.loads((path / "tokenizer_config.json").read_text()).get("auto_map", {}).get("AutoTokenizer")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    ref = next((r for r in (auto if isinstance(auto, list) else [auto]) if r), None)
+    return f"{ref.split('--')[-1].rsplit('.', 1)[0]}.py" if isinstance(ref, str) else None
+
+
+class Tokenizer:
+    """A model directory's tokenizer: encode/decode, chat templates, streaming detokenizers."""
+
+    def __init__(self, backend, eos_token_ids: list[int], source: str = "<memory>"):
+        self._backend = backend
+        self.source = source
+        self.eos_token_ids: list[int] = list(eos_token_ids)
+        self.vocab_size: int = backend.vocab_size
+        self.mask_token_id: int | None = backend.token_to_id(MASK_TOKEN)
+        # Special (control) tokens by their text, longest first so that a regex prefers them.
+        specials = sorted(backend.special_tokens.items(), key=lambda item: -len(item[0]))
+        self._special_ids: dict[str, int] = dict(specials)
+        self._special_text = re.compile("|".join(re.escape(t) for t, _ in specials)) if specials else None
+
     @classmethod
     def load(cls, model_dir: str | Path) -> "Tokenizer":
-        """Load the fast tokenizer of `model_dir` through transformers' AutoTokenizer."""
+        """Load `model_dir`'s tokenizer.json through transformers, or its tiktoken.model (Kimi)."""
         path = Path(model_dir)
         if not path.is_dir():
             raise FileNotFoundError(f"model directory {str(path)!r} does not exist")
-        if not (path / "tokenizer.json").is_file():
-            raise FileNotFoundError(
-                f"no tokenizer.json in {str(path)!r}: blockspec needs a fast (tokenizers) tokenizer")
-        from transformers import AutoTokenizer  # deferred: importing transformers is slow
-
-        try:
-            hf = AutoTokenizer.from_pretrained(str(path))
-        except Exception as exc:  # transformers raises many types for a broken tokenizer
-            raise ValueError(f"could not load the tokenizer in {str(path)!r}: {exc}") from exc
-        if getattr(hf, "backend_tokenizer", None) is None:
-            raise ValueError(f"the tokenizer in {str(path)!r} is not a fast (tokenizers) tokenizer")
-        return cls(hf, collect_eos_token_ids(path, hf.eos_token_id), source=str(path))
+        if (path / "tokenizer.json").is_file():
+            backend = _load_hf(path)
+        elif (path / "tiktoken.model").is_file():
+            from blockspec.tiktoken_tokenizer import TiktokenBackend
+            backend = TiktokenBackend.load(path)
+        elif (remote := _remote_code_file(path)) is not None:
+            raise ValueError(f"the tokenizer in {str(path)!r} is remote code ({remote}, named by "
+                             "tokenizer_config.json's auto_map), which blockspec never runs, and the "
+                             "directory has neither tokenizer.json nor tiktoken.model")
+        else:
+            raise FileNotFoundError(f"no tokenizer.json (or tiktoken.model) in {str(path)!r}: blockspec "
+                                    "needs a fast (tokenizers) tokenizer or a Kimi tiktoken one")
+        return cls(backend, collect_eos_token_ids(path, backend.eos_token_id), source=str(path))
 
     @property
     def hf_tokenizer(self):
-        """The underlying transformers tokenizer (for callers that need more than this API)."""
-        return self._hf
+        """The underlying transformers tokenizer (None for a tiktoken one)."""
+        return getattr(self._backend, "hf", None)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; `add_special_tokens` applies the tokenizer's post-processor (BOS…)."""
-        return list(self._hf.encode(text, add_special_tokens=add_special_tokens))
+        return self._backend.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        """Text of `ids`, exactly as transformers decodes it."""
-        return self._hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        """Text of `ids`, exactly as transformers (or Kimi's tokenizer) decodes it."""
+        hf = self.hf_tokenizer
+        if hf is not None:
+            return hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return self._backend.decoder(skip_special_tokens)(list(ids))
 
     @property
     def has_chat_template(self) -> bool:
         """Whether the directory provides a chat template."""
-        return bool(getattr(self._hf, "chat_template", None))
+        return bool(self._backend.chat_template)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs) -> str:
         """The chat template applied to `messages`, as text (template kwargs pass through)."""
@@ -119,8 +204,7 @@ class Tokenizer:
             raise ValueError(
                 f"the tokenizer in {self.source!r} has no chat template (neither a 'chat_template' "
                 "entry in tokenizer_config.json nor a chat_template.jinja file)")
-        return self._hf.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs)
+        return self._backend.render_chat(messages, add_generation_prompt=add_generation_prompt, **template_kwargs)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, *,
                             special_tokens_in_content: bool = False, **template_kwargs) -> list[int]:
@@ -170,7 +254,7 @@ class Tokenizer:
             if nonce in segment:  # the template cut a placeholder apart: cannot restore the content
                 raise RuntimeError("the chat template altered message content in a way that keeps "
                                    "special-token text from being restored")
-            return list(self._text_only().encode(segment, add_special_tokens=False).ids) if segment else []
+            return self._backend.encode_text_only(segment) if segment else []
 
         ids: list[int] = []
         start = 0
@@ -180,33 +264,10 @@ class Tokenizer:
             start = match.end()
         return ids + encode_text(text[start:])
 
-    def _text_only(self):
-        """A copy of the backend tokenizer that encodes special-token text as ordinary text (a
-        copy, not a toggled flag: other threads encode with the original at the same time)."""
-        with self._text_only_lock:
-            if self._text_only_backend is None:
-                from tokenizers import Tokenizer as BackendTokenizer
-                backend = BackendTokenizer.from_str(self._hf.backend_tokenizer.to_str())
-                backend.encode_special_tokens = True
-                backend.no_truncation()
-                backend.no_padding()
-                self._text_only_backend = backend
-            return self._text_only_backend
-
     def detokenizer(self, prompt_ids: list[int] | None = None,
                     skip_special_tokens: bool = True) -> "IncrementalDetokenizer":
         """A streaming detokenizer for a sequence that continues `prompt_ids`."""
-        return IncrementalDetokenizer(self._id_decoder(skip_special_tokens), prompt_ids)
-
-    def _id_decoder(self, skip_special_tokens: bool) -> Callable[[list[int]], str]:
-        """ids → text. A fast tokenizer that does no clean-up decodes straight through its Rust
-        backend: the same text as transformers' `decode` (which calls it, then cleans up), without
-        the Python around it that dominated the host's per-token cost."""
-        hf = self._hf
-        backend = getattr(hf, "backend_tokenizer", None)
-        if backend is not None and not getattr(hf, "clean_up_tokenization_spaces", False):
-            return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
-        return lambda ids: hf.decode(ids, skip_special_tokens=skip_special_tokens)
+        return IncrementalDetokenizer(self._backend.decoder(skip_special_tokens), prompt_ids)
 
 
 def _map_message_strings(messages: list[dict], fn: Callable[[str], str]) -> list[dict]:

@@ -68,7 +68,7 @@ def test_a_sampled_row_without_q_is_refused(qwen3_dir, drafter):
     """A proposer that gives a tree but no q: sampled rows cannot be verified by rejection and
     are refused; greedy rows (which need no q) still run."""
     config = EngineConfig(model=qwen3_dir, spec="ddtree", draft_model=drafter, tree_budget=4, spec_verify="rejection")
-    from blockspec.models.loader import load_config
+    from blockspec.models.registry import load_config
     proposer = build_proposer(config, load_config(qwen3_dir))
     plain_propose = proposer.propose
     proposer.propose = lambda seqs, inputs: (plain_propose(seqs, inputs)[0], None)

@@ -258,7 +258,7 @@ def test_fast_decode_path_gives_transformers_text(qwen3_dir):
     tok = Tokenizer.load(qwen3_dir)
     rng = random.Random(0)
     for skip in (True, False):
-        fast = tok._id_decoder(skip)
+        fast = tok._backend.decoder(skip)
         for _ in range(20):
             ids = [rng.randrange(512) for _ in range(rng.randrange(1, 30))]
-            assert fast(ids) == tok._hf.decode(ids, skip_special_tokens=skip)
+            assert fast(ids) == tok.hf_tokenizer.decode(ids, skip_special_tokens=skip)

@@ -1,15 +1,27 @@
-"""Loading Hugging Face–format checkpoints: config.json plus safetensors (single or sharded)."""
+"""Loading Hugging Face–format checkpoints: config.json plus safetensors (single or sharded).
+
+A wrapper checkpoint (registry `Wrapper`) loads its text model: weights under the wrapper's text
+prefix are renamed to the text model's names and the vision weights are skipped (one log line).
+Quantised weights are dequantised to the serving dtype (`models/quantized.py`; one log line
+states the memory cost), except packed INT4 weights of a module that keeps them packed.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+from torch import nn
 
 from blockspec.attention.backend import AttentionBackend
-from blockspec.models.registry import load_config, model_class_for
+from blockspec.layers.int4_linear import Int4Linear
+from blockspec.models.quantized import Quantization, dequantize_state_dict, human_bytes, quantization_of
+from blockspec.models.registry import Wrapper, model_class_for, parse_config, read_config, wrapper_of
+
+logger = logging.getLogger("blockspec")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -60,14 +72,74 @@ def load_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def drop_skipped(state: dict[str, torch.Tensor], wrapper: Wrapper | None) -> None:
+    """Remove (in place) a wrapper's weights that blockspec does not load, with one log line."""
+    if wrapper is None:
+        return
+    skipped = [k for k in state if k.startswith(wrapper.skipped_prefixes)]
+    if skipped:
+        size = sum(state[k].numel() * state[k].element_size() for k in skipped)
+        for k in skipped:
+            del state[k]
+        logger.info("%s: skipped %d vision weights (%s; %s): blockspec serves the text model only",
+                    wrapper.name, len(skipped), ", ".join(p + "*" for p in wrapper.skipped_prefixes), human_bytes(size))
+
+
+def text_names(state: dict[str, torch.Tensor], wrapper: Wrapper | None) -> dict[str, torch.Tensor]:
+    """A wrapper's text weights under the text model's own names (others are left as they are,
+    so the unexpected-weights check names them)."""
+    if wrapper is None:
+        return state
+    prefix = wrapper.text_prefix
+    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
+
+
+def keep_int4_linears(model: nn.Module, state: dict[str, torch.Tensor], quant: Quantization | None,
+                      prefix: str = "") -> None:
+    """Swap every `nn.Linear` of `model` whose checkpoint weight is packed (`prefix + name +
+    ".weight_packed"` in `state`) for an `Int4Linear` on meta, so the weight loads packed."""
+    for name, module in list(model.named_modules()):
+        key = prefix + name + "."
+        scheme = quant.scheme_for(prefix + name) if quant is not None else None
+        if isinstance(module, nn.Linear) and key + "weight_packed" in state and scheme is not None:
+            k = module.in_features
+            layer = Int4Linear(k, module.out_features, module.bias is not None, group_size=scheme.group_size or k,
+                               num_bits=scheme.num_bits, device="meta", dtype=state[key + "weight_scale"].dtype)
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent), attr, layer)
+
+
+def model_weights(model_dir: str | Path, raw: dict, model: nn.Module, dtype: torch.dtype,
+                  int4_linears: bool = False) -> dict[str, torch.Tensor]:
+    """The checkpoint's weights under `model`'s names: a wrapper's vision weights dropped, its
+    text weights renamed, quantised weights dequantised to `dtype` (or left packed for modules
+    that keep them; `int4_linears` first makes every packed plain linear such a module)."""
+    wrapper, quant = wrapper_of(raw), quantization_of(raw)
+    state = load_state_dict(model_dir)
+    drop_skipped(state, wrapper)
+    prefix = wrapper.text_prefix if wrapper else ""
+    if int4_linears:
+        keep_int4_linears(model, state, quant, prefix)
+    keep = {prefix + k[:-len(".weight_packed")] for k in model.state_dict() if k.endswith(".weight_packed")}
+    report = dequantize_state_dict(state, quant, dtype, keep)
+    if quant is not None:
+        logger.info("%s", report.line(dtype))
+    return text_names(state, wrapper)
+
+
 def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
-                device: str | torch.device = "cpu", backend: AttentionBackend | None = None):
-    """Build the target model (its class from the architecture registry) and load its weights."""
-    cfg = load_config(model_dir)
+                device: str | torch.device = "cpu", backend: AttentionBackend | None = None,
+                *, int4_linears: bool = False):
+    """Build the target model (its class from the architecture registry) and load its weights.
+
+    `int4_linears=True` keeps packed INT4 weights of plain linear layers packed (`Int4Linear`:
+    the W4A16 kernel on CUDA) instead of dequantising them."""
+    raw = read_config(model_dir)
+    cfg = parse_config(raw)
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
     with torch.device("meta"):
         model = model_class_for(cfg)(cfg, backend)
-    state = load_state_dict(model_dir)
+    state = model_weights(model_dir, raw, model, torch_dtype, int4_linears)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     expected = set(model.state_dict().keys())

@@ -2,6 +2,8 @@
 
 The engine asks the registry, never a family module, so adding a family (MLA, MoE) is one entry
 here plus its module. The model itself says how its K/V cache is laid out (`model.cache_spec`).
+A multimodal wrapper (Kimi K2.5's `kimi_k25`) is one `Wrapper` entry: its text config names the
+registered text architecture, and the loader maps its weight names (`models/loader.py`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,46 @@ ARCHITECTURES: dict[str, Architecture] = {
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
+@dataclass(frozen=True)
+class Wrapper:
+    """A multimodal checkpoint around a registered text model: `config[text_config]` is the text
+    model's config.json, the text model's weights are named under `text_prefix`, and weights
+    under `skipped_prefixes` (vision tower, projector) are not loaded: blockspec serves text."""
+    name: str
+    text_config: str
+    text_prefix: str
+    skipped_prefixes: tuple[str, ...]
+
+
+WRAPPERS: dict[str, Wrapper] = {
+    "KimiK25ForConditionalGeneration": Wrapper("KimiK25ForConditionalGeneration", "text_config", "language_model.",
+                                               ("vision_tower.", "mm_projector.", "multi_modal_projector.")),
+}
+WRAPPER_MODEL_TYPES = {"kimi_k25": "KimiK25ForConditionalGeneration"}
+
+
+def wrapper_of(raw: dict) -> Wrapper | None:
+    """The wrapper a config.json names (or implies by model_type), if it is one."""
+    archs = raw.get("architectures") or []
+    name = archs[0] if archs else WRAPPER_MODEL_TYPES.get(raw.get("model_type", ""), "")
+    return WRAPPERS.get(name)
+
+
+def text_config_of(raw: dict) -> dict:
+    """The text model's config: `raw` itself, or a wrapper's text config (which takes the
+    wrapper's eos_token_id when it has none of its own)."""
+    wrapper = wrapper_of(raw)
+    if wrapper is None:
+        return raw
+    text = raw.get(wrapper.text_config)
+    if not isinstance(text, dict):
+        raise ValueError(f"config.json: {wrapper.name} needs a '{wrapper.text_config}' object")
+    text = dict(text)
+    if "eos_token_id" not in text and "eos_token_id" in raw:
+        text["eos_token_id"] = raw["eos_token_id"]
+    return text
+
+
 def architecture_of(raw: dict) -> Architecture:
     """The registered architecture a config.json names (or implies by model_type)."""
     archs = raw.get("architectures") or []
@@ -42,13 +84,23 @@ def architecture_of(raw: dict) -> Architecture:
     return ARCHITECTURES[name]
 
 
-def load_config(model_dir: str | Path):
-    """Read `model_dir/config.json` into its family's config."""
+def read_config(model_dir: str | Path) -> dict:
+    """`model_dir/config.json` as a dict."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"no config.json in {model_dir}")
-    raw = json.loads(path.read_text())
-    return architecture_of(raw).parse_config(raw)
+    return json.loads(path.read_text())
+
+
+def parse_config(raw: dict):
+    """A config.json dict (a wrapper's: its text config) as its family's config."""
+    text = text_config_of(raw)
+    return architecture_of(text).parse_config(text)
+
+
+def load_config(model_dir: str | Path):
+    """Read `model_dir/config.json` into its family's config."""
+    return parse_config(read_config(model_dir))
 
 
 def model_class_for(cfg) -> type:

@@ -100,6 +100,8 @@ def from_validation_error(exc: ValidationError) -> APIError:
         return invalid_request(f"Unrecognized request argument supplied: {param}", param)
     if kind == "missing":
         return invalid_request(f"Missing required parameter: '{param}'.", param)
+    if kind == "unsupported_content":
+        return invalid_request(f"Invalid value for '{param}': {first.get('msg')}", param, "unsupported_content")
     where = f" for '{param}'" if param else ""
     return invalid_request(f"Invalid value{where}: {first.get('msg', 'invalid value')}", param)
 

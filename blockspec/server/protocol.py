@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic_core import PydanticCustomError
 
 MAX_N = 128  # OpenAI's own limit on choices per request
 MAX_STOP_STRINGS = 16  # OpenAI allows 4; open-model clients often send a few more
@@ -55,6 +56,12 @@ class TextContentPart(_Strict):
     text: Text
 
 
+# OpenAI's (and vLLM's) non-text content parts. blockspec serves text models (a multimodal
+# checkpoint loads its text model only), so these are refused by name, not as a bad "type".
+MEDIA_PART_TYPES = frozenset({"image_url", "input_image", "image", "video_url", "video", "input_audio",
+                              "audio_url", "audio", "file", "input_file"})
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextContentPart] | None = None
@@ -62,6 +69,19 @@ class ChatMessage(_Strict):
     refusal: Text | None = None
     tool_calls: list[Any] | None = None
     tool_call_id: Text | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _refuse_media(cls, content: Any) -> Any:
+        for index, part in enumerate(content if isinstance(content, list) else ()):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind in MEDIA_PART_TYPES:
+                raise PydanticCustomError(
+                    "unsupported_content",
+                    "content part {index} is of type '{kind}': this server accepts text content only "
+                    "(images, video, audio and files are not supported); send 'text' parts",
+                    {"index": index, "kind": kind})
+        return content
 
     def text(self) -> str:
         """The message content as one string (text parts joined)."""

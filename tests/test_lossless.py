@@ -61,10 +61,10 @@ def exact_law_llm(model, kv_tokens_per_request: int, **spec) -> LLM:
                **spec)
 
 
-def law_fit(llm, laws, setting):
-    """Chi-square of the engine's first NUM_TOKENS tokens under SETTINGS[setting] against the
+def law_fit(llm, laws, setting, settings=SETTINGS):
+    """Chi-square of the engine's first NUM_TOKENS tokens under settings[setting] against the
     exact law of that setting."""
-    samples = sample_continuations(llm, PROMPT, SETTINGS[setting], NUM_SAMPLES, NUM_TOKENS)
+    samples = sample_continuations(llm, PROMPT, settings[setting], NUM_SAMPLES, NUM_TOKENS)
     return chi_square_against_law(samples, laws[setting])
 
 

@@ -13,6 +13,7 @@ import logging
 import pytest
 
 from blockspec.engine.cuda_graphs import batch_buckets
+from blockspec.sampling import SamplingParams
 from graph_fixtures import DEVICE, engine_for, requests, run
 
 BACKENDS = ["reference", "triton"] if DEVICE == "cuda" else ["reference"]

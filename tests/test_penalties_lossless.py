@@ -16,7 +16,6 @@ rejection cases keep the real drafter (they need its q).
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from blockspec.engine.engine import Engine
 from blockspec.llm import LLM, engine_config
@@ -24,9 +23,8 @@ from blockspec.logits_processing import VerifyPositions
 from blockspec.sampling import SamplingParams
 from blockspec.speculative.proposers import Proposer
 from blockspec.speculative.tree import PAD_PARENT, ROOT_PARENT, DraftTree
-from blockspec.validation.lossless import exact_joint_law
 from dflash_fixtures import write_dflash_drafter
-from test_lossless import ALPHA, NUM_TOKENS, PROMPT, exact_law_llm, law_fit
+from test_lossless import ALPHA, NUM_TOKENS, PROMPT, exact_law_llm, exact_laws, law_fit
 
 PENALISED = {
     "presence_frequency_bias": SamplingParams(temperature=1.0, presence_penalty=1.5, frequency_penalty=0.8,
@@ -81,13 +79,7 @@ class LawOracle(Proposer):
 
 @pytest.fixture(scope="module")
 def laws(tiny_vocab_dir):
-    hf = AutoModelForCausalLM.from_pretrained(tiny_vocab_dir, dtype=torch.float32).eval()
-
-    def next_logits(seqs):
-        with torch.no_grad():
-            return hf(torch.tensor(seqs)).logits[:, -1]
-    return {name: exact_joint_law(next_logits, PROMPT, p, hf.config.vocab_size, NUM_TOKENS)
-            for name, p in PENALISED.items()}
+    return exact_laws(tiny_vocab_dir, PENALISED)
 
 
 @pytest.fixture(scope="module")

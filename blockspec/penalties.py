@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from blockspec.logits_processing import VerifyPositions, token_counts
+from blockspec.speculative.logits_processing import VerifyPositions, token_counts
 
 
 def apply_penalties(logits: torch.Tensor, output_counts: torch.Tensor, seen: torch.Tensor, presence: torch.Tensor,

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from blockspec.logits_processing import VerifyPositions, active_processors, path_mask, path_token_counts, process_logits
+from blockspec.speculative.logits_processing import VerifyPositions, active_processors, path_mask, path_token_counts, process_logits
 from blockspec.logprobs import path_logprobs
 from blockspec.penalties import PenaltyProcessor
 from blockspec.sampling import SamplingParams

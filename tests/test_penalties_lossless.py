@@ -19,7 +19,7 @@ import torch
 
 from blockspec.engine.engine import Engine
 from blockspec.llm import LLM, engine_config
-from blockspec.logits_processing import VerifyPositions
+from blockspec.speculative.logits_processing import VerifyPositions
 from blockspec.sampling import SamplingParams
 from blockspec.speculative.proposers import Proposer
 from blockspec.speculative.tree import PAD_PARENT, ROOT_PARENT, DraftTree

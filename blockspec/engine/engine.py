@@ -25,7 +25,7 @@ from blockspec.engine.sequence import Sequence, Status
 from blockspec.engine.stops import first_stop_string, stop_prefix_holdback, token_stop_reason
 from blockspec.kv.allocator import PageAllocator, PageTable
 from blockspec.kv.page_table import PageTableStore
-from blockspec.logits_processing import VerifyPositions, active_processors, process_logits, root_only_tree
+from blockspec.speculative.logits_processing import VerifyPositions, active_processors, process_logits, root_only_tree
 from blockspec.logprobs import pack_logprobs, path_logprobs, unpack_logprobs
 from blockspec.models.loader import load_target, parse_device, parse_dtype
 from blockspec.models.registry import load_config

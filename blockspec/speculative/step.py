@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 
 from blockspec.batch import StepInputs
-from blockspec.logits_processing import VerifyPositions, process_logits
+from blockspec.speculative.logits_processing import VerifyPositions, process_logits
 from blockspec.logprobs import TokenLogprob, pack_logprobs, path_logprobs, unpack_logprobs
 from blockspec.sampling import filtered_probs
 from blockspec.speculative.tree import DraftTree, accepted_kv_indices, chain_tree

@@ -33,6 +33,9 @@ class StepInputs:
     seqs        the scheduled sequences, host-side, for proposers that read token history
     all_greedy  host-side: every row is greedy
     packed      a decode step's device tensors these are views of (None for prefill)
+    processors  host-side: the step's per-position logits processors (`logits_processing`)
+    num_logprobs  host-side: alternatives to report per committed token, the most any row asks
+                for (None: no row wants logprobs)
     """
 
     page_table: torch.Tensor
@@ -45,6 +48,15 @@ class StepInputs:
     seqs: list
     all_greedy: bool = False      # every row has temperature 0 (verification needs no filters)
     packed: "PackedStep | None" = None
+    processors: tuple = ()
+    num_logprobs: int | None = None
+
+    @property
+    def needs_eager(self) -> str | None:
+        """Why this step cannot replay a CUDA graph (captured without processors or logprobs), or None."""
+        if self.processors:
+            return "logits processors (" + ", ".join(type(p).__name__ for p in self.processors) + ")"
+        return "logprobs" if self.num_logprobs is not None else None
 
     @property
     def batch_size(self) -> int:

@@ -85,14 +85,19 @@ class LLM:
             done: dict[str, RequestOutput] = {}
             tokens: dict[str, list[int]] = {r: [] for r in ids}
             texts: dict[str, list[str]] = {r: [] for r in ids}
+            logprobs: dict[str, list] = {r: [] for r in ids}
+            index = {r: i for i, r in enumerate(ids)}
             while len(done) < len(ids):
                 for out in self.engine.step():
                     tokens[out.request_id].extend(out.new_token_ids)
                     texts[out.request_id].append(out.new_text)
+                    logprobs[out.request_id].extend(out.logprobs or [])
                     if out.finished:
+                        i = index[out.request_id]
                         done[out.request_id] = RequestOutput(
-                            out.request_id, prompt_ids[ids.index(out.request_id)], tokens[out.request_id],
-                            "".join(texts[out.request_id]), out.finish_reason, out.metrics)
+                            out.request_id, prompt_ids[i], tokens[out.request_id],
+                            "".join(texts[out.request_id]), out.finish_reason, out.metrics,
+                            logprobs[out.request_id] if plist[i].logprobs is not None else None)
         except BaseException:
             for rid in ids:  # nothing left allocated when a call fails or is interrupted
                 self.engine.abort_request(rid)

@@ -36,6 +36,11 @@ class SamplingParams:
 
     temperature 0 means greedy; top_k 0 or -1 and top_p 1 and min_p 0 switch a filter off.
     After validation `stop` and `stop_token_ids` are lists (possibly empty) and top_k -1 is 0.
+
+    presence_penalty, frequency_penalty (OpenAI, -2..2), repetition_penalty (vLLM's, > 0, 1 = off)
+    and logit_bias ({token id: bias in -100..100}) change the target's logits before the filters
+    (`blockspec/penalties.py`, docs/logits_processing.md). logprobs: None = off, k = report the
+    log-probability of each generated token and its k most likely alternatives (0..20).
     """
 
     temperature: float = 1.0
@@ -47,6 +52,11 @@ class SamplingParams:
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -64,6 +74,18 @@ class SamplingParams:
             raise ValueError(f"seed must be an int or None, got {self.seed!r}")
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
+            setattr(self, name, float(value))
+        r = self.repetition_penalty
+        if not _is_real(r) or not math.isfinite(r) or r <= 0:
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off), got {r!r}")
+        self.repetition_penalty = float(r)
+        self.logit_bias = _normalised_logit_bias(self.logit_bias)
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         self.stop = _normalised_stop(self.stop)
         self.stop_token_ids = _normalised_stop_token_ids(self.stop_token_ids)
         # Store plain Python numbers so the values are hashable/JSON-able whatever came in.
@@ -79,6 +101,12 @@ class SamplingParams:
         """Temperature 0: always take the most likely token."""
         return self.temperature == 0.0
 
+    @property
+    def changes_logits(self) -> bool:
+        """Some penalty or bias is set: the target's logits are processed before the filters."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
+
     @classmethod
     def from_dict(cls, values: Mapping[str, object]) -> "SamplingParams":
         """Build from a mapping (e.g. a request body); unknown keys raise ValueError."""
@@ -86,6 +114,27 @@ class SamplingParams:
             raise ValueError(f"sampling parameters must be a mapping, got {type(values).__name__}")
         _raise_on_unknown_fields(values.keys())
         return cls(**values)
+
+
+MAX_LOGPROBS = 20  # alternatives per token, OpenAI's chat limit
+MAX_LOGIT_BIAS = 100.0
+
+
+def _normalised_logit_bias(bias: object) -> dict[int, float] | None:
+    """`logit_bias` as {int token id >= 0: float in [-100, 100]}, None when empty. Whether the
+    ids are in the vocabulary is the engine's check (it knows the vocabulary)."""
+    if bias is None:
+        return None
+    if not isinstance(bias, Mapping):
+        raise ValueError(f"logit_bias must be a mapping of token id to bias, got {type(bias).__name__}")
+    out = {}
+    for token, value in bias.items():
+        if not _is_int(token) or token < 0:
+            raise ValueError(f"logit_bias keys must be token ids (ints >= 0), got {token!r}")
+        if not _is_real(value) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {value!r} for token {token}")
+        out[int(token)] = float(value)
+    return out or None
 
 
 def _normalised_stop(stop: object) -> list[str]:

@@ -4,7 +4,6 @@ K/V cache equals one that only ever saw the accepted path."""
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 import blockspec.speculative.step as step_module
 from blockspec.batch import prefill_inputs
@@ -14,9 +13,8 @@ from blockspec.llm import LLM
 from blockspec.speculative.proposers import Proposer
 from blockspec.speculative.tree import PAD_PARENT, ROOT_PARENT, DraftTree
 from blockspec.sampling import SamplingParams
-from blockspec.validation.lossless import exact_joint_law
 from dflash_fixtures import write_dflash_drafter
-from test_lossless import NUM_TOKENS, PROMPT, SETTINGS, ALPHA, exact_law_llm, law_fit, over_accepting_verify_tree
+from test_lossless import ALPHA, exact_law_llm, exact_laws, law_fit, over_accepting_verify_tree
 from test_spec_greedy import prompts_for
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
@@ -53,13 +51,7 @@ def test_greedy_tree_equals_plain(qwen3_dir, drafter, budget, topk):
 
 @pytest.fixture(scope="module")
 def tiny_law(tiny_vocab_dir):
-    hf = AutoModelForCausalLM.from_pretrained(tiny_vocab_dir, dtype=torch.float32).eval()
-
-    def next_logits(seqs):
-        with torch.no_grad():
-            return hf(torch.tensor(seqs)).logits[:, -1]
-    return {n: exact_joint_law(next_logits, PROMPT, SETTINGS[n], hf.config.vocab_size, NUM_TOKENS)
-            for n in ("t1", "t07_topk5", "t13_topp_minp")}
+    return exact_laws(tiny_vocab_dir)
 
 
 @pytest.fixture(scope="module")

@@ -38,15 +38,21 @@ CASES = [(2, "target-only", "t13_topp_minp"), (4, "target-only", "t1"), (8, "tar
          (2, "rejection", "t07_topk5"), (4, "rejection", "t13_topp_minp"), (8, "rejection", "t1")]
 
 
-@pytest.fixture(scope="module")
-def laws(tiny_vocab_dir):
-    hf = AutoModelForCausalLM.from_pretrained(tiny_vocab_dir, dtype=torch.float32).eval()
-    vocab = hf.config.vocab_size
+def exact_laws(model_dir, settings=SETTINGS) -> dict:
+    """The exact law of the first NUM_TOKENS tokens after PROMPT under each setting, enumerated
+    from transformers' forward of `model_dir`."""
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
     def next_logits(seqs):
         with torch.no_grad():
             return hf(torch.tensor(seqs)).logits[:, -1]
-    return {name: exact_joint_law(next_logits, PROMPT, p, vocab, NUM_TOKENS) for name, p in SETTINGS.items()}
+    return {name: exact_joint_law(next_logits, PROMPT, p, hf.config.vocab_size, NUM_TOKENS)
+            for name, p in settings.items()}
+
+
+@pytest.fixture(scope="module")
+def laws(tiny_vocab_dir):
+    return exact_laws(tiny_vocab_dir)
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +67,10 @@ def exact_law_llm(model, kv_tokens_per_request: int, **spec) -> LLM:
                **spec)
 
 
-def law_fit(llm, laws, setting):
-    """Chi-square of the engine's first NUM_TOKENS tokens under SETTINGS[setting] against the
+def law_fit(llm, laws, setting, settings=SETTINGS):
+    """Chi-square of the engine's first NUM_TOKENS tokens under settings[setting] against the
     exact law of that setting."""
-    samples = sample_continuations(llm, PROMPT, SETTINGS[setting], NUM_SAMPLES, NUM_TOKENS)
+    samples = sample_continuations(llm, PROMPT, settings[setting], NUM_SAMPLES, NUM_TOKENS)
     return chi_square_against_law(samples, laws[setting])
 
 

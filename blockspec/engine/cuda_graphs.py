@@ -77,7 +77,7 @@ class GraphedStep:
         self.static: dict[int, _Static] = {}
         self.pool = None
         self.capture_seconds = 0.0
-        self._warned: set[int] = set()
+        self._warned: set = set()            # batch sizes and eager reasons already logged
         # Each step's next prefix and root per row, written by every bucket's graph and read by
         # the next step's (overlapped decoding: engine/overlap.py).
         self.carry = torch.zeros(2, self.buckets[-1], dtype=torch.long, device=device)
@@ -133,7 +133,15 @@ class GraphedStep:
         else:
             st.outputs = self._step(st, bs)
 
-    def can_run(self, batch_size: int) -> bool:
+    def can_run(self, batch_size: int, needs_eager: str | None = None) -> bool:
+        """Whether a captured graph can take this batch. `needs_eager` (`StepInputs.needs_eager`)
+        names what the graphs were captured without (logits processors, logprobs): such a batch
+        runs eagerly, and the log says so once per reason."""
+        if needs_eager is not None:
+            if needs_eager not in self._warned:
+                self._warned.add(needs_eager)
+                log.info("a batch with %s runs eagerly: the CUDA graphs were captured without them", needs_eager)
+            return False
         if batch_size <= self.buckets[-1]:
             return True
         if batch_size not in self._warned:
@@ -150,6 +158,8 @@ class GraphedStep:
         B = inputs.batch_size
         if inputs.packed is None:
             raise ValueError("graphed steps take decode inputs (batch.decode_inputs), which carry their packed form")
+        if inputs.needs_eager is not None:
+            raise ValueError(f"a step with {inputs.needs_eager} cannot replay a graph captured without them")
         st = self.static[self.bucket_for(B), inputs.all_greedy]
         packed, stree = inputs.packed, st.tree
         P = packed.page_table.shape[1]
@@ -165,7 +175,7 @@ class GraphedStep:
                 getattr(stree, name)[:B].copy_(getattr(tree, name))
         self._replay(st, self.bucket_for(B))
         result, num_nodes, _ = st.outputs
-        return type(result)(**{k: v[:B] for k, v in vars(result).items()}), num_nodes[:B]
+        return type(result)(**{k: v[:B] for k, v in vars(result).items() if v is not None}), num_nodes[:B]
 
     @torch.inference_mode()
     def launch(self, seqs, uniforms: torch.Tensor, previous_rows: list[int] | None) -> torch.Tensor:

@@ -8,7 +8,7 @@ happens on the host after a step: committing tokens, stops, detokenization.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -26,9 +26,12 @@ from blockspec.engine.sequence import Sequence, Status
 from blockspec.engine.stops import first_stop_string, stop_prefix_holdback, token_stop_reason
 from blockspec.kv.allocator import PageAllocator, PageTable
 from blockspec.kv.page_table import PageTableStore
+from blockspec.speculative.logits_processing import VerifyPositions, active_processors, process_logits, root_only_tree
+from blockspec.logprobs import pack_logprobs, path_logprobs, unpack_logprobs
 from blockspec.models.loader import load_target, parse_device, parse_dtype
 from blockspec.models.registry import load_config
-from blockspec.sampling import SamplingParams, draw_uniforms, make_generator
+from blockspec.penalties import PenaltyProcessor
+from blockspec.sampling import SamplingParams, draw_uniforms, filtered_probs, make_generator, sample_from_probs
 from blockspec.speculative.step import SpeculativeStep, StepResult
 from blockspec.tokenizer import Tokenizer
 
@@ -98,6 +101,9 @@ class Engine:
         capture = self.proposer.target_layer_ids if self.proposer else ()
         self.runner = ModelRunner(self.model, self.cache, self.device, tuple(capture))
         self.spec_step = SpeculativeStep(self.proposer, config.spec_verify)
+        # Per-position transforms of the target's logits (docs/logits_processing.md); a step runs
+        # the ones its requests ask for. Append to add one (e.g. a grammar's token mask).
+        self.logits_processors: list = [PenaltyProcessor()]
         self.graphed = self.capture_graphs() if self.device.type == "cuda" and config.cuda_graph else None
         self.graphed_prefill = None
         if self.graphed is not None:
@@ -140,6 +146,8 @@ class Engine:
         vocab = self.model_config.vocab_size
         if any(not isinstance(t, int) or t < 0 or t >= vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise ValueError(f"logit_bias keys must be token ids in [0, {vocab}), got {max(params.logit_bias)}")
         total = len(prompt_token_ids) + params.max_tokens
         if total > self.max_model_len:
             raise ValueError(f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) "
@@ -178,7 +186,8 @@ class Engine:
     # ---- one step -------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
         if self.in_flight is not None and not (self.scheduler.can_decode_without_preempting()
-                                               and self.graphed.can_run(len(self.scheduler.running))):
+                                               and self.graphed.can_run(len(self.scheduler.running))
+                                               and self._step_options(self.scheduler.running) == ((), None)):
             # The batch is about to change beyond rows leaving: read the step in flight first.
             return self._finish_in_flight()
         scheduled = self.scheduler.schedule()
@@ -191,25 +200,52 @@ class Engine:
     def _prefill_step(self, seqs: list[Sequence], chunk_lens: list[int]) -> list[StepOutput]:
         samples = [s.num_cached + n == s.prefill_target and s.num_output == 0 for s, n in zip(seqs, chunk_lens)]
         inputs = prefill_inputs(seqs, chunk_lens, self._uniforms(seqs, 1, samples), self.cache.page_size, self.device)
+        inputs.processors, inputs.num_logprobs = self._step_options(seqs)
         # Every row is sampled (fixed shapes); rows whose prompt is not fully cached drop theirs.
-        drawn = self.graphed_prefill(inputs) if self.graphed_prefill is not None else None
-        if drawn is None:
-            drawn = prefill_and_sample(self.runner, self.proposer, inputs)
-        tokens = drawn.tolist()
+        if inputs.processors or inputs.num_logprobs is not None:
+            tokens, logprobs = self._prefill_with_options(seqs, inputs)
+        else:
+            drawn = self.graphed_prefill(inputs) if self.graphed_prefill is not None else None
+            if drawn is None:
+                drawn = prefill_and_sample(self.runner, self.proposer, inputs)
+            tokens, logprobs = drawn.tolist(), [None] * len(seqs)
         for s, n in zip(seqs, chunk_lens):
             s.num_cached += n
-        return [self._commit(self._requests[s.request_id], [t]) for s, t, do in zip(seqs, tokens, samples) if do]
+        return [self._commit(self._requests[s.request_id], [t], lps)
+                for s, t, lps, do in zip(seqs, tokens, logprobs, samples) if do]
+
+    def _prefill_with_options(self, seqs: list[Sequence], inputs) -> tuple[list[int], list]:
+        """A prefill whose rows want logits processors or logprobs (eager: the processors read
+        host-side history). The sample follows the prompt: the seam's root-only position,
+        history = the prompt."""
+        raw_logits, features, batch, positions = self.runner.prefill(inputs)
+        if self.proposer:
+            self.proposer.on_prefill(features, batch, positions)
+        roots = torch.tensor([s.tokens[-1] for s in seqs], device=self.device)
+        logits = process_logits(raw_logits[:, None], inputs.processors, VerifyPositions(seqs, root_only_tree(roots)))
+        tokens = sample_from_probs(filtered_probs(logits[:, 0], inputs.sampling), inputs.uniforms[:, 0])
+        if inputs.num_logprobs is None:
+            return tokens.tolist(), [None] * len(seqs)
+        # One host copy for the tokens and their log-probabilities.
+        lp = path_logprobs(raw_logits[:, None], torch.zeros_like(tokens)[:, None], tokens[:, None], inputs.num_logprobs)
+        rows = torch.cat([tokens[:, None].double(), pack_logprobs(lp)], dim=1).tolist()
+        tokens = [int(row[0]) for row in rows]
+        return tokens, [unpack_logprobs(row[1:], [t], 1, inputs.num_logprobs) for row, t in zip(rows, tokens)]
 
     def _decode_step(self, seqs: list[Sequence]) -> list[StepOutput]:
         """Draft (if speculating), verify in one target forward, commit, roll back the rest.
         Overlapped: launch this step, then commit the one in flight (engine/overlap.py)."""
         uniforms = self._uniforms(seqs, self.spec_step.uniforms_per_row, [True] * len(seqs))
-        if self.overlap and self.graphed.can_run(len(seqs)):
+        processors, num_logprobs = self._step_options(seqs)
+        # The graphs carry no processor or logprob state (StepInputs.needs_eager).
+        graphable = not processors and num_logprobs is None
+        if self.overlap and graphable and self.graphed.can_run(len(seqs)):
             launched = launch_decode(self.graphed, seqs, uniforms, self.in_flight)
             outputs = self._finish_in_flight() if self.in_flight is not None else []
             self.in_flight = launched
             return outputs
         inputs = decode_inputs(seqs, uniforms, self.cache.page_size, self.device)
+        inputs.processors, inputs.num_logprobs = processors, num_logprobs
         return self._commit_step(seqs, self.spec_step.run(self.runner, inputs, self.graphed))
 
     def _finish_in_flight(self) -> list[StepOutput]:
@@ -225,15 +261,22 @@ class Engine:
 
     def _commit_step(self, seqs: list[Sequence], step: StepResult) -> list[StepOutput]:
         outputs = []
-        for s, committed, accepted, drafted in zip(seqs, step.committed, step.accepted, step.drafted):
+        logprobs = step.logprobs or [None] * len(seqs)
+        for s, committed, accepted, drafted, lps in zip(seqs, step.committed, step.accepted, step.drafted, logprobs):
             self.scheduler.commit_decode(s, accepted + 1)   # the root and the accepted drafts are cached
-            out = self._commit(self._requests[s.request_id], committed)
+            out = self._commit(self._requests[s.request_id], committed, lps)
             if self.proposer:
                 # Committed = what was kept: a stop or max_tokens may cut the block short.
                 s.metrics.record_step(drafted, accepted, len(out.new_token_ids))
                 out.metrics = s.metrics.snapshot()
             outputs.append(out)
         return outputs
+
+    def _step_options(self, seqs: list[Sequence]) -> tuple[tuple, int | None]:
+        """The step's host-known options: the logits processors its requests ask for, and the
+        most logprob alternatives any of them wants (None: none wants logprobs)."""
+        wanted = [s.params.logprobs for s in seqs if s.params.logprobs is not None]
+        return active_processors(self.logits_processors, seqs), (max(wanted) if wanted else None)
 
     def _uniforms(self, seqs: list[Sequence], n: int, rows: list[bool]) -> torch.Tensor:
         """Uniforms for this step, drawn from each request's own generator (zeros where unused)."""
@@ -244,7 +287,8 @@ class Engine:
         return out
 
     # ---- after a step: commit, stop, detokenize ---------------------------------------------
-    def _commit(self, state: _RequestState, tokens: list[int]) -> StepOutput:
+    def _commit(self, state: _RequestState, tokens: list[int], logprobs=None) -> StepOutput:
+        """Append `tokens` (with their TokenLogprobs, when the step computed them) up to a stop."""
         seq, params = state.seq, state.seq.params
         new_ids: list[int] = []
         reason = None
@@ -282,5 +326,9 @@ class Engine:
             seq.status = Status.FINISHED
             self.scheduler.remove(seq)
             del self._requests[seq.request_id]
+        kept_logprobs = None
+        if params.logprobs is not None and logprobs is not None:
+            k = params.logprobs
+            kept_logprobs = [replace(lp, top=lp.top[:k]) for lp in logprobs[:len(new_ids)]]
         return StepOutput(seq.request_id, new_ids, new_text, reason is not None, reason,
-                          seq.num_prompt, seq.num_output, seq.metrics.snapshot())
+                          seq.num_prompt, seq.num_output, seq.metrics.snapshot(), kept_logprobs)

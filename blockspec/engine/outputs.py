@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from blockspec.logprobs import TokenLogprob
+
 
 @dataclass
 class SpecMetrics:
@@ -75,6 +77,7 @@ class StepOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     metrics: SpecMetrics
+    logprobs: list[TokenLogprob] | None = None  # one per new token, when the request asked (SamplingParams.logprobs)
 
 
 @dataclass
@@ -87,3 +90,4 @@ class RequestOutput:
     text: str
     finish_reason: str
     metrics: SpecMetrics
+    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when asked for

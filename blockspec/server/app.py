@@ -17,7 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -28,6 +28,7 @@ from blockspec.server.async_engine import AsyncEngine, EngineDeadError, EngineEr
 from blockspec.server.errors import (SERVER_ERROR, APIError, install_error_handlers, internal_error, invalid_request,
                                      log_unexpected, param_named_in, request_id_of)
 from blockspec.server.limits import RequestLimits, read_body
+from blockspec.server.logprobs_format import LogprobFormatter
 from blockspec.server.metrics import PROMETHEUS_CONTENT_TYPE, ServerMetrics
 from blockspec.server.openapi import install_openapi
 from blockspec.server.prepare import SAMPLING_FIELDS, Prepared, RequestPreparer
@@ -46,6 +47,8 @@ class _Choice:
     stream: RequestStream
     text: str = ""
     final: StepOutput | None = None
+    logprobs: list = field(default_factory=list)  # TokenLogprobs of every token so far
+    text_offset: int = 0                          # completions stream: characters of tokens already sent
 
 
 @dataclass
@@ -57,6 +60,7 @@ class _Job:
     prompts: list[list[int]]
     choices: list[_Choice]
     request_id: str | None = None  # the HTTP request's id, for the log
+    logprobs: bool = False         # the request asked for logprobs
 
     def usage(self) -> dict:
         prompt = sum(len(p) for p in self.prompts)
@@ -116,6 +120,7 @@ class _Server:
         self.preparer = preparer
         self.limits = limits
         self.created = int(time.time())
+        self.logprob_format = LogprobFormatter(engine.tokenizer)
 
     # ---- small endpoints ------------------------------------------------------------------
     async def check_api_key(self, request: Request) -> None:
@@ -190,7 +195,7 @@ class _Server:
                     r.abort()
             raise _add_error(errors[0], prompt_param)
         choices = [_Choice(i, stream) for (i, _, _), stream in zip(plan, results)]
-        return _Job(response_id, int(time.time()), prompts, choices, request_id)
+        return _Job(response_id, int(time.time()), prompts, choices, request_id, params[0].logprobs is not None)
 
     # ---- response bodies -----------------------------------------------------------------
     def _envelope(self, job: _Job, obj: str) -> dict:
@@ -199,13 +204,15 @@ class _Server:
     def _chat_body(self, job: _Job) -> dict:
         choices = [{"index": c.index,
                     "message": {"role": "assistant", "content": c.text, "refusal": None},
-                    "logprobs": None, "finish_reason": c.final.finish_reason if c.final else None}
+                    "logprobs": self.logprob_format.chat(c.logprobs) if job.logprobs else None,
+                    "finish_reason": c.final.finish_reason if c.final else None}
                    for c in job.choices]
         return {**self._envelope(job, "chat.completion"), "choices": choices, "usage": job.usage(),
                 "spec_decoding": job.spec_decoding(self.engine.spec_algorithm)}
 
     def _completion_body(self, job: _Job) -> dict:
-        choices = [{"index": c.index, "text": c.text, "logprobs": None,
+        choices = [{"index": c.index, "text": c.text,
+                    "logprobs": self.logprob_format.completion(c.logprobs, 0) if job.logprobs else None,
                     "finish_reason": c.final.finish_reason if c.final else None}
                    for c in job.choices]
         return {**self._envelope(job, "text_completion"), "choices": choices, "usage": job.usage(),
@@ -227,15 +234,18 @@ class _Server:
     async def _chat_events(self, job: _Job, include_usage: bool) -> AsyncIterator[str]:
         obj = "chat.completion.chunk"
 
-        def choice(c: _Choice, delta: dict, finish_reason=None) -> dict:
-            return {"index": c.index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        def choice(c: _Choice, delta: dict, finish_reason=None, logprobs=None) -> dict:
+            return {"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
         async def events() -> AsyncIterator[dict]:
             for c in job.choices:
                 yield self._chunk(job, obj, [choice(c, {"role": "assistant", "content": ""})], include_usage)
             async for c, out in _merge(job.choices):
-                if out.new_text:
-                    yield self._chunk(job, obj, [choice(c, {"content": out.new_text})], include_usage)
+                logprobs = job.logprobs and out.logprobs
+                if out.new_text or logprobs:
+                    yield self._chunk(job, obj, [choice(c, {"content": out.new_text},
+                                                        logprobs=self.logprob_format.chat(out.logprobs) if logprobs else None)],
+                                      include_usage)
                 if out.finished:
                     yield self._finish_chunk(job, obj, [choice(c, {}, out.finish_reason)], include_usage)
             for chunk in self._final_chunks(job, obj, include_usage):
@@ -249,8 +259,12 @@ class _Server:
 
         async def events() -> AsyncIterator[dict]:
             async for c, out in _merge(job.choices):
-                if out.new_text or out.finished:
-                    choices = [{"index": c.index, "text": out.new_text, "logprobs": None,
+                if out.new_text or out.finished or (job.logprobs and out.logprobs):
+                    logprobs = None
+                    if job.logprobs:
+                        logprobs = self.logprob_format.completion(out.logprobs or [], c.text_offset)
+                        c.text_offset += self.logprob_format.completion_length(out.logprobs or [])
+                    choices = [{"index": c.index, "text": out.new_text, "logprobs": logprobs,
                                 "finish_reason": out.finish_reason if out.finished else None}]
                     yield self._finish_chunk(job, obj, choices, include_usage)
             for chunk in self._final_chunks(job, obj, include_usage):
@@ -309,6 +323,7 @@ async def _merge(choices: list[_Choice]) -> AsyncIterator[tuple[_Choice, StepOut
                 raise item
             else:
                 choice.text += item.new_text
+                choice.logprobs.extend(item.logprobs or [])
                 if item.finished:
                     choice.final = item
                 yield choice, item

@@ -79,6 +79,9 @@ class RequestPreparer:
         if body.stream_options is not None and not body.stream:
             raise invalid_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                                   "stream_options")
+        if isinstance(body, ChatCompletionRequest) and body.top_logprobs is not None and not body.logprobs:
+            raise invalid_request("The 'top_logprobs' parameter is only allowed when 'logprobs' is true.",
+                                  "top_logprobs")
 
     def _check_context(self, prompt: list[int], max_tokens: int, prompt_param: str) -> None:
         limit = self.max_model_len
@@ -152,6 +155,14 @@ def _chat_max_tokens(body: ChatCompletionRequest, prompt_len: int, max_model_len
     return max(1, min(max_model_len - prompt_len, DEFAULT_CHAT_MAX_TOKENS_CAP)), "max_tokens"
 
 
+def _logprobs(body) -> int | None:
+    """Alternatives per token the engine reports (None: no logprobs): chat's top_logprobs when
+    logprobs is true, the completions' logprobs integer."""
+    if isinstance(body, ChatCompletionRequest):
+        return (body.top_logprobs or 0) if body.logprobs else None
+    return body.logprobs
+
+
 def _choice_params(body, max_tokens: int, max_tokens_param: str) -> list[SamplingParams]:
     """SamplingParams of each of the n choices (seed + j for choice j)."""
     values = {"temperature": 1.0 if body.temperature is None else body.temperature,
@@ -159,7 +170,10 @@ def _choice_params(body, max_tokens: int, max_tokens_param: str) -> list[Samplin
               "top_k": 0 if body.top_k is None else body.top_k,
               "min_p": 0.0 if body.min_p is None else body.min_p,
               "max_tokens": max_tokens, "stop": body.stop, "stop_token_ids": body.stop_token_ids,
-              "ignore_eos": body.ignore_eos}
+              "ignore_eos": body.ignore_eos,
+              "presence_penalty": body.presence_penalty or 0.0, "frequency_penalty": body.frequency_penalty or 0.0,
+              "repetition_penalty": 1.0 if body.repetition_penalty is None else body.repetition_penalty,
+              "logit_bias": body.logit_bias_ids(), "logprobs": _logprobs(body)}
     seeds = [None if body.seed is None else body.seed + j for j in range(body.n)]
     try:
         return [SamplingParams(**values, seed=seed) for seed in seeds]

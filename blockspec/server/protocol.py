@@ -19,6 +19,8 @@ MAX_STOP_STRINGS = 16  # OpenAI allows 4; open-model clients often send a few mo
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_TOKENS_LIMIT = 2**31 - 1  # a schema bound only: the context length is the real limit
+MAX_LOGIT_BIAS = 1024  # entries; OpenAI names no limit, this bounds the per-step host work
+MAX_REPETITION_PENALTY = 100.0  # vLLM has none above 0; a finite bound keeps the schema honest
 
 
 def _no_lone_surrogates(value: str) -> str:
@@ -115,11 +117,14 @@ class _SamplingFields(_Strict):
     service_tier: Text | None = None
     safety_identifier: Text | None = None
     prompt_cache_key: Text | None = None
-    # Accepted only at their neutral value (see unsupported_parameters).
+    # Applied to the target's logits at every verify position (docs/logits_processing.md).
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    logit_bias: dict[Text, Annotated[float, Field(ge=-100, le=100)]] | None = None
-    repetition_penalty: float | None = Field(default=None, gt=0)  # not OpenAI; sent at 1.0 by vLLM's benchmark client
+    # Token ids (as JSON object keys, so strings of digits) -> bias; ids past the vocabulary are
+    # the engine's 400 (it knows the vocabulary).
+    logit_bias: dict[Text, Annotated[float, Field(ge=-100, le=100)]] | None = Field(default=None,
+                                                                                  max_length=MAX_LOGIT_BIAS)
+    repetition_penalty: float | None = Field(default=None, gt=0, le=MAX_REPETITION_PENALTY)  # not OpenAI; vLLM's
 
     @field_validator("stop")
     @classmethod
@@ -137,12 +142,23 @@ class _SamplingFields(_Strict):
                                  f"got {len(s)}")
         return stop
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias(cls, bias):
+        for key in bias or {}:
+            if not key.isdigit() or not key.isascii():
+                raise ValueError(f"logit_bias keys must be token ids (non-negative integers), got {key!r}")
+        return bias
+
+    def logit_bias_ids(self) -> dict[int, float] | None:
+        return None if not self.logit_bias else {int(k): v for k, v in self.logit_bias.items()}
+
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: PositiveTokens | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)  # needs logprobs=true (RequestPreparer)
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
@@ -175,12 +191,6 @@ def _is_unset(value: Any) -> bool:
 
 # field -> predicate "this value is neutral, i.e. we honour it by doing nothing"
 _NEUTRAL_VALUES = {
-    "presence_penalty": lambda v: v is None or v == 0,
-    "frequency_penalty": lambda v: v is None or v == 0,
-    "logit_bias": _is_unset,
-    "repetition_penalty": lambda v: v is None or v == 1,
-    "logprobs": lambda v: v is None or v is False,
-    "top_logprobs": lambda v: v is None or v == 0,
     "tools": _is_unset,
     "tool_choice": lambda v: v is None or v == "none",
     "functions": _is_unset,

@@ -13,6 +13,8 @@ from typing import Protocol
 import torch
 
 from blockspec.batch import StepInputs
+from blockspec.speculative.logits_processing import VerifyPositions, process_logits
+from blockspec.logprobs import TokenLogprob, pack_logprobs, path_logprobs, unpack_logprobs
 from blockspec.sampling import filtered_probs
 from blockspec.speculative.tree import DraftTree, accepted_kv_indices, chain_tree
 from blockspec.speculative.verify import (VerifyResult, verify_chain_rejection, verify_tree, verify_tree_greedy,
@@ -29,16 +31,27 @@ class TargetForward(Protocol):
 
 @dataclass
 class StepResult:
-    """Per row: committed tokens, how many were accepted drafts, and how many were drafted."""
+    """Per row: committed tokens, how many were accepted drafts, how many were drafted, and
+    (when the step was asked for them) the committed tokens' log-probabilities with the k
+    alternatives the step computed (each request keeps as many as it asked for)."""
 
     committed: list[list[int]]
     accepted: list[int]
     drafted: list[int]
+    logprobs: list[list[TokenLogprob]] | None = None
 
     @classmethod
     def from_device(cls, result: VerifyResult, num_nodes: torch.Tensor) -> "StepResult":
-        """One device→host copy for the whole step."""
-        return cls.from_rows(packed_result(result, num_nodes).tolist())
+        """One device→host copy for the whole step (float64 when log-probabilities come along:
+        token ids and counts are exact in it)."""
+        lp = result.logprobs
+        if lp is None:
+            return cls.from_rows(packed_result(result, num_nodes).tolist())
+        packed = torch.cat([packed_result(result, num_nodes).double(), pack_logprobs(lp)], dim=1).tolist()
+        width, k = result.committed.shape[1], lp.top_ids.shape[-1]
+        step = cls.from_rows([[int(x) for x in row[:2 + width]] for row in packed])
+        step.logprobs = [unpack_logprobs(row[2 + width:], tokens, width, k) for row, tokens in zip(packed, step.committed)]
+        return step
 
     @classmethod
     def from_rows(cls, rows: list[list[int]]) -> "StepResult":
@@ -93,7 +106,7 @@ class SpeculativeStep:
         tree = draft_probs = None
         if not self.drafts_on_device:          # host-side drafting (n-gram lookup, DDTree's heap)
             tree, draft_probs = self.draft(inputs)
-        if graphed is not None and draft_probs is None and graphed.can_run(inputs.batch_size):
+        if graphed is not None and draft_probs is None and graphed.can_run(inputs.batch_size, inputs.needs_eager):
             result, num_nodes = graphed(inputs, tree)
         else:
             result, num_nodes = self.device_step(runner, inputs, tree, draft_probs)
@@ -115,7 +128,12 @@ class SpeculativeStep:
         """Target forward over the tree, verification, K/V compaction of the accepted path.
         Pure device work, no host sync: the part of a step a CUDA graph captures. Returns the
         result and the accepted path's target features `[B, D+1, F]` (None without capture)."""
-        logits, features = runner.verify(inputs, tree)
+        raw_logits, features = runner.verify(inputs, tree)
+        # The per-position seam: each node's logits see the history up to that node (prompt,
+        # committed tokens, the draft path), so verification samples exactly the processed target.
+        # The drafter's q is left unprocessed: target-only verification accepts any proposal, and
+        # rejection sampling is exact for any q the drafts were really drawn from.
+        logits = process_logits(raw_logits, inputs.processors, VerifyPositions(inputs.seqs, tree))
         if inputs.all_greedy and draft_probs is None:
             # No filters, no probabilities: the same walk over the argmax (a batch-wide fact
             # known on the host, so a graph is captured for each case).
@@ -123,6 +141,8 @@ class SpeculativeStep:
         else:
             result = self.verify(filtered_probs(logits, inputs.sampling), tree, draft_probs, inputs.uniforms,
                                  inputs.sampling.greedy)
+        if inputs.num_logprobs is not None:
+            result.logprobs = path_logprobs(raw_logits, result.path, result.committed, inputs.num_logprobs)
         src, keep = accepted_kv_indices(result.path, result.accept_len)
         # Any row that branches may accept a path with gaps. (A batch's deepest row being a full
         # chain says nothing about the other rows: each row is checked when the tree is built.)

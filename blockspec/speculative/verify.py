@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from blockspec.logprobs import PathLogprobs
 from blockspec.sampling import sample_from_probs
 from blockspec.speculative.tree import PAD_PARENT, DraftTree
 
@@ -35,11 +36,14 @@ class VerifyResult:
     path [B, D+1] int64: node indices of the accepted path in depth order, path[:, 0] = 0
         (the root), padded with -1.
     committed [B, D+1] int64: accepted tokens followed by the bonus token, padded with -1.
+    logprobs: the committed tokens' target log-probabilities, when the step was asked for them
+        (`blockspec.logprobs`; set by the step, never by the verifiers).
     """
 
     accept_len: torch.Tensor
     path: torch.Tensor
     committed: torch.Tensor
+    logprobs: "PathLogprobs | None" = None
 
 
 def verify_tree(

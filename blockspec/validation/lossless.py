@@ -22,13 +22,18 @@ def exact_joint_law(next_token_logits, prompt: list[int], params: SamplingParams
     """P(t1 … tn) under the filtered target, by enumerating every prefix.
 
     `next_token_logits(list_of_token_lists) -> [N, V]` returns the logits that follow each
-    sequence (any exact forward of the target: transformers, or ours without a cache).
+    sequence (any exact forward of the target: transformers, or ours without a cache). Penalties
+    and logit_bias depend on the prefix, so each prefix's logits are processed with its own
+    history (`reference_processed_logits`, a direct per-sequence statement of the rule).
     """
     law: dict[tuple[int, ...], float] = {(): 1.0}
     st_one = SamplingTensors.from_params([params], "cpu")
     for _ in range(num_tokens):
         prefixes = [p for p, w in law.items() if w > 0]
         logits = next_token_logits([prompt + list(p) for p in prefixes]).float()
+        if params.changes_logits:
+            logits = torch.stack([reference_processed_logits(row, prompt, list(p), params)
+                                  for row, p in zip(logits, prefixes)])
         st = SamplingTensors(*(t.expand(len(prefixes)) for t in (st_one.temperature, st_one.top_k,
                                                                   st_one.top_p, st_one.min_p, st_one.greedy)))
         probs = filtered_probs(logits, st).double()
@@ -40,6 +45,22 @@ def exact_joint_law(next_token_logits, prompt: list[int], params: SamplingParams
                     nxt[p + (t,)] = w
         law = nxt
     return law
+
+
+def reference_processed_logits(logits: torch.Tensor, prompt: list[int], output: list[int],
+                               params: SamplingParams) -> torch.Tensor:
+    """The logits `[V]` that follow prompt + output after logit_bias and the penalties, token by
+    token as vLLM states the rule (blockspec/penalties.py): bias; repetition over every token
+    seen in prompt or output; frequency · count and presence over the output's tokens."""
+    z = logits.float().clone()
+    for token, bias in (params.logit_bias or {}).items():
+        z[token] += bias
+    r = params.repetition_penalty
+    for token in set(prompt) | set(output):
+        z[token] = z[token] / r if z[token] > 0 else z[token] * r
+    for token, count in Counter(output).items():
+        z[token] -= params.frequency_penalty * count + params.presence_penalty
+    return z
 
 
 @dataclass
@@ -94,7 +115,8 @@ def sample_continuations(llm, prompt: list[int], params: SamplingParams, num_sam
 
     `llm` may be built with `detokenize=False`: only token ids are compared.
     """
-    fields = {k: getattr(params, k) for k in ("temperature", "top_p", "top_k", "min_p")}
+    fields = {k: getattr(params, k) for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                                              "frequency_penalty", "repetition_penalty", "logit_bias")}
     plist = [SamplingParams(**fields, max_tokens=num_tokens, ignore_eos=True, seed=seed_offset + i)
              for i in range(num_samples)]
     return [tuple(o.token_ids[:num_tokens]) for o in llm.generate([prompt] * num_samples, plist)]

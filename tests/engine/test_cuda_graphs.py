@@ -13,6 +13,7 @@ import logging
 import pytest
 
 from blockspec.engine.cuda_graphs import batch_buckets
+from blockspec.sampling import SamplingParams
 from graph_fixtures import DEVICE, engine_for, requests, run
 
 BACKENDS = ["reference", "triton"] if DEVICE == "cuda" else ["reference"]
@@ -60,3 +61,32 @@ def test_padded_buckets_equal_eager(qwen3_dir, drafter, spec, caplog):
     eager, graphed, used = graphed_run(qwen3_dir, drafter, spec, 8, caplog)
     assert graphed == eager
     assert (7, 8, False) in used                               # 7 rows padded to the bucket of 8
+
+
+@pytest.mark.parametrize("spec", ["none", "dflash"])
+def test_batches_with_penalties_or_logprobs_run_eagerly_and_say_so(qwen3_dir, drafter, spec, caplog):
+    """The graphs carry no penalty, bias or logprob state: a batch that needs any skips them
+    (logged once per reason) and equals the eager engine; batches without them still replay."""
+    reqs = requests(4)
+    reqs[1] = (reqs[1][0], reqs[1][1], SamplingParams(temperature=0.9, seed=3, max_tokens=6, ignore_eos=True,
+                                                      presence_penalty=1.0, logit_bias={3: 2.0}))
+    reqs[2] = (reqs[2][0], reqs[2][1], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2))
+    eager = run(engine_for(qwen3_dir, spec, drafter, graphs=False), reqs)
+    engine = engine_for(qwen3_dir, spec, drafter, graphs=True)
+    graphed_fn, used = engine.graphed, []
+
+    def spy(inputs, tree):
+        assert inputs.needs_eager is None
+        used.append(inputs.batch_size)
+        return graphed_fn(inputs, tree)
+
+    spy.can_run = graphed_fn.can_run
+    engine.graphed = spy
+    with caplog.at_level(logging.INFO, logger="blockspec.cuda_graphs"):
+        assert run(engine, reqs) == eager
+    messages = [r.message for r in caplog.records if "runs eagerly" in r.message]
+    assert any("PenaltyProcessor" in m for m in messages) and any("logprobs" in m for m in messages)
+    assert len(messages) == len(set(messages))
+    assert used  # the tail of the batch (the long greedy request alone) replays the graphs again
+    with pytest.raises(ValueError, match="logprobs"):  # called directly, a graph refuses such a step
+        graphed_fn(type("S", (), {"batch_size": 1, "packed": object(), "needs_eager": "logprobs"})(), None)

@@ -39,7 +39,7 @@ class FakeTokenizer:
         """Like encode, but special-token words are ordinary (unknown) words."""
         return [i if i >= FIRST_WORD_ID else UNK_ID for i in self.encode(text)]
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(" " + self.vocab[i] for i in ids)
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True, *,

@@ -49,10 +49,13 @@ BAD_BODIES = [
      400, "messages[0].content", "unsupported_content"),
     (CHAT, {"model": "no-such-model"}, 404, "model", "model_not_found"),
     (CHAT, {"model": _DROP}, 400, "model", None),
-    (CHAT, {"logprobs": True}, 400, "logprobs", "unsupported_parameter"),
-    (CHAT, {"presence_penalty": 0.5}, 400, "presence_penalty", "unsupported_parameter"),
-    (CHAT, {"frequency_penalty": -1}, 400, "frequency_penalty", "unsupported_parameter"),
-    (CHAT, {"logit_bias": {"5": 10}}, 400, "logit_bias", "unsupported_parameter"),
+    (CHAT, {"top_logprobs": 3}, 400, "top_logprobs", None),                 # without logprobs=true
+    (CHAT, {"logprobs": False, "top_logprobs": 0}, 400, "top_logprobs", None),
+    (CHAT, {"logprobs": 1}, 400, "logprobs", None),
+    (CHAT, {"logit_bias": {"abc": 10}}, 400, "logit_bias", None),
+    (CHAT, {"logit_bias": {"-5": 10}}, 400, "logit_bias", None),
+    (CHAT, {"logit_bias": {"5": "10"}}, 400, "logit_bias", None),
+    (CHAT, {"repetition_penalty": 0}, 400, "repetition_penalty", None),
     (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools",
      "unsupported_parameter"),
     (CHAT, {"no_such_field": 1}, 400, "no_such_field", None),
@@ -66,10 +69,11 @@ BAD_BODIES = [
     (COMPLETIONS, {"prompt": []}, 400, "prompt", None),
     (COMPLETIONS, {"prompt": [-1, 3]}, 400, "prompt", None),
     (COMPLETIONS, {"prompt": {"text": "x"}}, 400, "prompt", None),
-    (COMPLETIONS, {"logprobs": 2}, 400, "logprobs", "unsupported_parameter"),
+    (COMPLETIONS, {"logprobs": True}, 400, "logprobs", None),
+    (COMPLETIONS, {"logprobs": -1}, 400, "logprobs", None),
     (COMPLETIONS, {"echo": True}, 400, "echo", "unsupported_parameter"),
     (COMPLETIONS, {"best_of": 3}, 400, "best_of", "unsupported_parameter"),
-    (COMPLETIONS, {"repetition_penalty": 1.3}, 400, "repetition_penalty", "unsupported_parameter"),
+    (COMPLETIONS, {"frequency_penalty": 2.5}, 400, "frequency_penalty", None),
 ]
 
 

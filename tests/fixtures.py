@@ -198,8 +198,9 @@ def _save_model(out: Path, model, sharded: bool) -> None:
 
 def _write_model(dir, config_cls, model_cls, *, vocab_size: int, sharded: bool, num_layers: int,
                  rope_convention: str, seed: int, std: float, embed_std: float, norm_std: float,
-                 chat_template_file: bool = False, **config_kwargs) -> Path:
-    """Build, randomize and save one tiny model with its tokenizer; return the directory."""
+                 chat_template_file: bool = False, customize=None, **config_kwargs) -> Path:
+    """Build, randomize and save one tiny model with its tokenizer; return the directory.
+    `customize(model)` may then change weights the randomization leaves alone (buffers)."""
     if rope_convention not in ("new", "old"):
         raise ValueError(f"rope_convention must be 'new' or 'old', not {rope_convention!r}")
     out = Path(dir)
@@ -211,6 +212,8 @@ def _write_model(dir, config_cls, model_cls, *, vocab_size: int, sharded: bool, 
         torch.manual_seed(seed)
         model = model_cls(config).eval()
     _randomize_weights(model, std=std, embed_std=embed_std, norm_std=norm_std, seed=seed)
+    if customize is not None:
+        customize(model)
     _save_model(out, model, sharded)
     if rope_convention == "old":
         path = out / "config.json"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from blockspec.attention.metadata import AttentionBatch
-from blockspec.kv.cache import KVCache
+from blockspec.kv.cache import KVCache, LatentCache
 
 
 @dataclass
@@ -40,6 +40,14 @@ class AttentionBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,
                 plan: AttentionPlan, scale: float) -> torch.Tensor:
         """q `[B, Q, Hq, D]`, new k/v `[B, Q, Hkv, D]` → out `[B, Q, Hq, D]`; writes k/v to the cache."""
+        raise NotImplementedError
+
+    def mla_forward(self, q: torch.Tensor, latent: torch.Tensor, cache: LatentCache, layer: int,
+                    plan: AttentionPlan, scale: float) -> torch.Tensor:
+        """MLA in its absorbed form over a `LatentCache` (docs/models.md): q `[B, Q, H, R + P]`
+        (each head's query mapped into the latent space, then its rotary part), new latent
+        rows `[B, Q, R + P]` → out `[B, Q, H, R]`, softmax(q · row) over the visible rows times
+        their first R values. Writes the new rows to the cache."""
         raise NotImplementedError
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from blockspec.attention.backend import AttentionBackend, AttentionPlan
 from blockspec.attention.metadata import AttentionBatch
-from blockspec.kv.cache import KVCache
+from blockspec.kv.cache import KVCache, LatentCache
 
 
 class ReferenceBackend(AttentionBackend):
@@ -24,6 +24,11 @@ class ReferenceBackend(AttentionBackend):
 
     def forward(self, q, k, v, cache: KVCache, layer: int, plan: AttentionPlan, scale: float) -> torch.Tensor:
         return paged_attention(q, k, v, cache, layer, plan.batch.slots, plan.batch.page_table, plan.extra, scale)
+
+    def mla_forward(self, q, latent, cache: LatentCache, layer: int, plan: AttentionPlan, scale: float) -> torch.Tensor:
+        cache.write(layer, plan.batch.slots, latent)
+        rows = cache.gather(layer, plan.batch.page_table)[:, :, None]      # [B, K, 1, R + P]: one shared head
+        return masked_attention(q, rows, rows[..., :cache.latent_dim], plan.extra, scale)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,

@@ -1,6 +1,6 @@
 """The CUDA backend: new K/V written by one Triton launch (`attention/triton_kv_write.py`),
 attention by the Triton kernel (`attention/triton_paged.py`), which reads each row's pages in
-place through the page table."""
+place through the page table; MLA by `attention/triton_mla.py` over the latent cache."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import torch
 from blockspec.attention.backend import AttentionBackend, AttentionPlan
 from blockspec.attention.metadata import AttentionBatch
 from blockspec.attention.triton_kv_write import write_kv
+from blockspec.attention.triton_mla import mla_paged_attention
 from blockspec.attention.triton_paged import paged_attention
-from blockspec.kv.cache import KVCache
+from blockspec.kv.cache import KVCache, LatentCache
 
 
 class TritonBackend(AttentionBackend):
@@ -29,3 +30,12 @@ class TritonBackend(AttentionBackend):
         return paged_attention(q, cache.k[layer], cache.v[layer], batch.page_table.contiguous(),
                                batch.prefix_lens.contiguous(), batch.new_lens.contiguous(), scale, cache.page_size,
                                kind, new_mask, plan.sliding_window, plan.positions)
+
+    def mla_forward(self, q, latent, cache: LatentCache, layer: int, plan: AttentionPlan, scale: float) -> torch.Tensor:
+        batch = plan.batch
+        cache.write(layer, batch.slots, latent)
+        kind, new_mask = plan.extra
+        if plan.sliding_window is not None:
+            raise ValueError("MLA attention has no sliding window")
+        return mla_paged_attention(q, cache.latent[layer], batch.page_table.contiguous(), batch.prefix_lens.contiguous(),
+                                   batch.new_lens.contiguous(), scale, cache.page_size, cache.latent_dim, kind, new_mask)

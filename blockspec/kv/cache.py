@@ -1,8 +1,10 @@
 """K/V tensors of the paged cache: write, gather and compaction, all fixed-shape tensor ops.
 
-The layout is described by a `CacheSpec` that each model provides (`model.cache_spec`): the
-engine allocates from it without knowing the family. Today every family stores per-head K and
-V (MHA/GQA); a latent layout (MLA) is another spec.
+The layout is described by a spec that each model provides (`model.cache_spec`): the engine
+allocates from it without knowing the family. MHA/GQA families store per-head K and V
+(`CacheSpec` → `KVCache`); MLA stores one compressed latent per token and layer
+(`LatentCacheSpec` → `LatentCache`). Both have the same pages, `page_size`, `move` (compaction)
+and `bytes_per_token`.
 """
 
 from __future__ import annotations
@@ -55,6 +57,52 @@ class KVCache:
         src, dst = src_slots.reshape(-1), dst_slots.reshape(-1)
         self.k.index_copy_(1, dst, self.k.index_select(1, src))
         self.v.index_copy_(1, dst, self.v.index_select(1, src))
+
+
+@dataclass(frozen=True)
+class LatentCacheSpec:
+    """Per token and layer: MLA's normalised KV latent (`latent_dim`) and its rotated shared
+    rotary key (`rope_dim`), one row of `latent_dim + rope_dim` values for all heads."""
+
+    num_layers: int
+    latent_dim: int
+    rope_dim: int
+
+    @property
+    def row_dim(self) -> int:
+        return self.latent_dim + self.rope_dim
+
+    def allocate(self, num_pages: int, page_size: int, dtype: torch.dtype,
+                 device: torch.device | str) -> "LatentCache":
+        return LatentCache(self.num_layers, num_pages, page_size, self.latent_dim, self.rope_dim, dtype, device)
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        return self.num_layers * self.row_dim * torch.finfo(dtype).bits // 8
+
+
+class LatentCache:
+    """`latent [num_layers, num_pages * page_size, latent_dim + rope_dim]`: row [:latent_dim] is
+    the latent (values, and keys through the absorbed projection), row [latent_dim:] the rotary key."""
+
+    def __init__(self, num_layers: int, num_pages: int, page_size: int, latent_dim: int, rope_dim: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        self.latent = torch.zeros(num_layers, num_pages * page_size, latent_dim + rope_dim, dtype=dtype, device=device)
+        self.latent_dim, self.rope_dim = latent_dim, rope_dim
+        self.page_size = page_size
+        self.num_pages = num_pages
+
+    def write(self, layer: int, slots: torch.Tensor, latent: torch.Tensor) -> None:
+        """Store new rows `[B, Q, latent_dim + rope_dim]` at `slots [B, Q]`."""
+        self.latent[layer].index_copy_(0, slots.reshape(-1), latent.reshape(-1, latent.shape[-1]).to(self.latent.dtype))
+
+    def gather(self, layer: int, page_table: torch.Tensor) -> torch.Tensor:
+        """Rows of whole pages in sequence order: `[B, P * page_size, latent_dim + rope_dim]`."""
+        return self.latent[layer][gather_slots(page_table, self.page_size)]
+
+    def move(self, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+        """Copy entries src → dst in every layer (compaction). Unused pairs should be 0 → 0."""
+        src, dst = src_slots.reshape(-1), dst_slots.reshape(-1)
+        self.latent.index_copy_(1, dst, self.latent.index_select(1, src))
 
 
 def gather_slots(page_table: torch.Tensor, page_size: int) -> torch.Tensor:

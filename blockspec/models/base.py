@@ -16,6 +16,35 @@ from blockspec.attention.metadata import AttentionBatch
 from blockspec.attention.reference import ReferenceBackend
 from blockspec.kv.cache import CacheSpec, KVCache
 from blockspec.layers.linear import merge_submodule_projections
+from blockspec.layers.moe import stack_expert_weights
+from blockspec.layers.norm import RMSNorm
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block of every family: norm → `self_attn` → add & norm → `mlp`.
+
+    `self_attn(h, cos, sin, layer, cache, plan, backend)` is the family's attention; `mlp` a
+    SwiGLU or a mixture of experts, `[B, Q, H] → [B, Q, H]`."""
+
+    def __init__(self, self_attn: nn.Module, mlp: nn.Module, hidden_size: int, eps: float):
+        super().__init__()
+        self.self_attn = self_attn
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps)
+
+    def forward(self, x, residual, cos, sin, layer, cache, plan, backend):
+        """x: the previous layer's MLP output (the embeddings for the first layer, residual
+        None); returns `(mlp output, residual stream)`. The layer's output is their sum, which
+        the next norm adds (`forward_with_residual`: one launch when fused, bit for bit
+        `residual + mlp` either way)."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm.forward_with_residual(x, residual)
+        attn = self.self_attn(h, cos, sin, layer, cache, plan, backend)
+        h, residual = self.post_attention_layernorm.forward_with_residual(attn, residual)
+        return self.mlp(h), residual
 
 
 class DecoderLM(nn.Module):
@@ -30,6 +59,14 @@ class DecoderLM(nn.Module):
     @property
     def cache_spec(self) -> CacheSpec:
         raise NotImplementedError
+
+    # Weights kept in float32 whatever the serving dtype (name suffixes; the MoE router's).
+    float32_weights: tuple[str, ...] = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
+
+    def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A checkpoint's tensors under this model's names: per-expert matrices stacked
+        (layers/moe.py); the identity for dense families."""
+        return stack_expert_weights(state)
 
     def merge_projections(self) -> None:
         """Merge every layer's projections that read the same input (CUDA fast path)."""

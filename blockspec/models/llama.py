@@ -1,4 +1,5 @@
-"""The Llama family of decoders: Llama, Qwen2 (q/k/v bias) and Qwen3 (q/k norms).
+"""The Llama family of decoders: Llama, Qwen2 (q/k/v bias), Qwen3 (q/k norms) and Qwen3-MoE
+(Qwen3 attention, routed experts in its `moe_layers`).
 
 Parameter names follow the Hugging Face checkpoints, so a state dict loads as is.
 One forward serves prefill, decode and tree verification: what differs is the
@@ -15,9 +16,10 @@ from blockspec.attention.backend import AttentionBackend, AttentionPlan
 from blockspec.config import ModelConfig
 from blockspec.kv.cache import CacheSpec, KVCache
 from blockspec.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from blockspec.layers.moe import MoE
 from blockspec.layers.rope import ApplyRope
 from blockspec.layers.linear import MergedLinear
-from blockspec.models.base import DecoderLM, default_backend
+from blockspec.models.base import DecoderLayer, DecoderLM, default_backend
 
 
 class LlamaAttention(nn.Module):
@@ -60,38 +62,24 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out.reshape(B, Q, -1))
 
 
-class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.self_attn = LlamaAttention(cfg)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(self, x, residual, cos, sin, layer, cache, plan, backend):
-        """x: the previous layer's MLP output (the embeddings for the first layer, residual
-        None); returns `(mlp output, residual stream)`. The layer's output is their sum, which
-        the next norm adds (`forward_with_residual`: one launch when fused, bit for bit
-        `residual + mlp` either way)."""
-        if residual is None:
-            h, residual = self.input_layernorm(x), x
-        else:
-            h, residual = self.input_layernorm.forward_with_residual(x, residual)
-        attn = self.self_attn(h, cos, sin, layer, cache, plan, backend)
-        h, residual = self.post_attention_layernorm.forward_with_residual(attn, residual)
-        return self.mlp(h), residual
-
-
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(LlamaAttention(cfg), self._mlp(cfg, i), cfg.hidden_size, cfg.rms_norm_eps)
+            for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    @staticmethod
+    def _mlp(cfg: ModelConfig, layer: int) -> nn.Module:
+        if layer in cfg.moe_layers:
+            return MoE(cfg.hidden_size, cfg.moe)
+        return SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
 
 
 class LlamaForCausalLM(DecoderLM):
-    """Llama / Qwen2 / Qwen3 for causal LM, over a paged K/V cache."""
+    """Llama / Qwen2 / Qwen3 / Qwen3-MoE for causal LM, over a paged K/V cache."""
 
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend | None = None):
         super().__init__()

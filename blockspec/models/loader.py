@@ -139,7 +139,7 @@ def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
     with torch.device("meta"):
         model = model_class_for(cfg)(cfg, backend)
-    state = model_weights(model_dir, raw, model, torch_dtype, int4_linears)
+    state = model.convert_checkpoint(model_weights(model_dir, raw, model, torch_dtype, int4_linears))
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     expected = set(model.state_dict().keys())
@@ -158,4 +158,16 @@ def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
     model.rotary = type(model.rotary)(cfg.rope, cfg.head_dim)
     model = model.to(device=torch_device, dtype=torch_dtype)
     model.rotary = type(model.rotary)(cfg.rope, cfg.head_dim).to(torch_device)
+    keep_float32(model, state, torch_device)
     return model.eval()
+
+
+def keep_float32(model, state: dict[str, torch.Tensor], device: torch.device) -> None:
+    """Put back, in float32 from the checkpoint, the weights the model keeps in float32
+    (`model.float32_weights`: MoE routers choose experts on these values)."""
+    suffixes = getattr(model, "float32_weights", ())
+    if not suffixes:
+        return
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        if name.endswith(suffixes) and name in state:
+            tensor.data = state[name].to(device=device, dtype=torch.float32)

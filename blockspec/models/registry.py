@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from blockspec.config import ModelConfig
+from blockspec.config import LLAMA_FAMILY, LLAMA_MODEL_TYPES, ModelConfig
+from blockspec.config_deepseek import DEEPSEEK_MODEL_TYPES, DeepseekV3Config
 
 
 @dataclass(frozen=True)
@@ -28,11 +29,16 @@ def _llama():
     return LlamaForCausalLM
 
 
+def _deepseek_v3():
+    from blockspec.models.deepseek_v3 import DeepseekV3ForCausalLM
+    return DeepseekV3ForCausalLM
+
+
 ARCHITECTURES: dict[str, Architecture] = {
-    name: Architecture(name, ModelConfig.from_hf, _llama)
-    for name in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+    **{name: Architecture(name, ModelConfig.from_hf, _llama) for name in LLAMA_FAMILY},
+    "DeepseekV3ForCausalLM": Architecture("DeepseekV3ForCausalLM", DeepseekV3Config.from_hf, _deepseek_v3),
 }
-MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+MODEL_TYPES = {**LLAMA_MODEL_TYPES, **DEEPSEEK_MODEL_TYPES}
 
 
 @dataclass(frozen=True)

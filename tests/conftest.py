@@ -56,3 +56,17 @@ def qwen3_sharded_dir(tmp_path_factory) -> str:
 def tiny_vocab_dir(tmp_path_factory) -> str:
     """Qwen3 over a 12-token vocabulary, for exact-enumeration statistical tests."""
     return str(write_tiny_vocab_qwen3(tmp_path_factory.mktemp("tiny_vocab")))
+
+
+@pytest.fixture(scope="session")
+def deepseek_dir(tmp_path_factory) -> str:
+    """DeepSeek-V3: MLA with q_lora, 1 dense layer then 8 sigmoid-routed experts + 1 shared."""
+    from moe_fixtures import write_deepseek_v3
+    return str(write_deepseek_v3(tmp_path_factory.mktemp("deepseek_v3")))
+
+
+@pytest.fixture(scope="session")
+def qwen3_moe_dir(tmp_path_factory) -> str:
+    """Qwen3-MoE: 8 softmax-routed experts (top-2, renormalised), layer 1 dense."""
+    from moe_fixtures import write_qwen3_moe
+    return str(write_qwen3_moe(tmp_path_factory.mktemp("qwen3_moe")))

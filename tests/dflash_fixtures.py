@@ -8,8 +8,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from blockspec.config import ModelConfig
+from types import SimpleNamespace
+
 from blockspec.models.dflash import DFlashConfig, DFlashDrafter
+from blockspec.models.registry import load_config
 from blockspec.train.drafter import drafter_config_dict
 
 
@@ -23,7 +25,12 @@ def write_dflash_drafter(out_dir, target_dir, *, block_size=8, num_layers=2, tar
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    target = ModelConfig.load(target_dir)
+    target = load_config(target_dir)
+    if not hasattr(target, "num_kv_heads"):
+        # An MLA target (DeepSeek-V3 / Kimi): the drafter has its own GQA attention sizes.
+        target = SimpleNamespace(**{f: getattr(target, f) for f in (
+            "num_layers", "hidden_size", "intermediate_size", "num_heads", "rms_norm_eps", "rope", "vocab_size",
+            "max_position_embeddings")}, num_kv_heads=2, head_dim=16)
     mask_id = target.vocab_size - 1
     cfg = drafter_config_dict(target, num_layers, block_size, mask_id)
     # Written as z-lab checkpoints may be: without target_layer_ids (defaults apply) and, for

@@ -95,7 +95,11 @@ class Engine:
         # Rows for every request that may hold pages at once; columns for a full context + lookahead.
         self.page_tables = PageTableStore(config.max_running_requests,
                                           -(-(self.max_model_len + self.reserved_lookahead) // config.page_size))
-        self.cache = self.model.cache_spec.allocate(num_pages, config.page_size, parse_dtype(config.dtype), self.device)
+        spec = self.model.cache_spec
+        self.cache = spec.allocate(num_pages, config.page_size, parse_dtype(config.dtype), self.device)
+        self.kv_bytes_per_token = spec.bytes_per_token(parse_dtype(config.dtype))
+        log.info("K/V cache: %s, %d bytes per token (%s), %d tokens", type(spec).__name__, self.kv_bytes_per_token,
+                 config.dtype, (num_pages - 1) * config.page_size)
         if self.proposer:
             self.proposer.load(self.model, num_pages, config.page_size, self.attention_backend)
         capture = self.proposer.target_layer_ids if self.proposer else ()

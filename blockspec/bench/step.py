@@ -79,6 +79,9 @@ def _randomize(module: torch.nn.Module, seed: int) -> None:
                 p.fill_(1.0) if "norm" in name else p.zero_()
             else:
                 p.normal_(0.0, 0.02, generator=gen)
+        for name, b in module.named_buffers():      # left uninitialised by to_empty (MoE correction bias)
+            if b.is_floating_point():
+                b.zero_()
 
 
 def random_target(raw: dict, dtype: torch.dtype, device: torch.device, backend, seed: int = 0):
@@ -308,10 +311,14 @@ class StepBenchConfig:
     capture_all: bool = False       # also time the engine's whole decode capture (every bucket ≤ max batch)
     profile: bool = False           # kernel table of the batch-1 decode and verify steps (eager)
     attention_backend: str = "auto"
+    attention_contexts: list[int] = field(default_factory=lambda: [4096, 32768])   # MoE slices: MLA alone
     output: str | None = None
 
 
 def run_step_bench(cfg: StepBenchConfig, log=print) -> dict:
+    from blockspec.bench.moe_step import MOE_SHAPES, run_moe_slice_bench
+    if cfg.shape in MOE_SHAPES:
+        return run_moe_slice_bench(cfg, log)
     from blockspec.models.loader import parse_device, parse_dtype
     device, dtype = parse_device(cfg.device), parse_dtype(cfg.dtype)
     backend = select_backend(cfg.attention_backend, device)

@@ -114,9 +114,11 @@ def _add_offline(p: argparse.ArgumentParser) -> None:
 
 
 def _add_step(p: argparse.ArgumentParser) -> None:
+    from blockspec.bench.moe_step import MOE_SHAPES
     from blockspec.bench.step import SHAPES
     from blockspec.engine.config import ATTENTION_BACKENDS
-    p.add_argument("--shape", default="qwen3-8b", choices=[*SHAPES, "bundled"], help="random-weight model shape")
+    p.add_argument("--shape", default="qwen3-8b", choices=[*SHAPES, *MOE_SHAPES, "bundled"],
+                   help="random-weight model shape (kimi-k2-slice: decode and MLA attention figures)")
     p.add_argument("--device", default="cuda", help="cuda (or cpu, for a smoke run)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--context", type=int, default=1024, help="cached tokens per request")
@@ -132,6 +134,8 @@ def _add_step(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="store_true", help="kernel table of the batch-1 steps (CUDA)")
     p.add_argument("--capture-all", action="store_true",
                    help="also time capturing every CUDA-graph bucket up to the largest batch (plain decode)")
+    p.add_argument("--attention-contexts", default="4096,32768",
+                   help="MoE slice shapes: contexts of the MLA attention figures")
     p.add_argument("--output", default=None, help="JSON results file")
     p.set_defaults(func=cmd_bench_step)
 
@@ -147,6 +151,7 @@ def cmd_bench_step(args) -> int:
                           block_size=args.block_size, temperatures=_temperatures(args.temperatures, "--temperatures"),
                           iters=args.iters, graphs=not args.disable_cuda_graph,
                           attention_backend=args.attention_backend, profile=args.profile, capture_all=args.capture_all,
+                          attention_contexts=_positive_ints(args.attention_contexts, "--attention-contexts"),
                           output=args.output)
     run_step_bench(cfg)
     return 0

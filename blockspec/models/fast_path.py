@@ -62,6 +62,10 @@ def prepare_for_cuda(model, fused_ops: bool = True) -> None:
     model.merge_projections()
     if fused_ops:
         use_fused_ops_if_exact(model)
+    else:
+        # One eager forward before any graph capture: layers that settle their path on first
+        # use (the MoE experts' grouped product, layers/moe.py) do it here.
+        probe_logits(model)
 
 
 def prepare_drafter_for_cuda(drafter, fused_ops: bool) -> None:

@@ -42,3 +42,22 @@ def test_bench_step_bad_arguments_exit_2(argv, capsys):
         code = main(["bench", "step", "--device", "cpu", *argv])
         raise SystemExit(code)
     assert e.value.code == 2
+
+
+def test_bench_step_kimi_slice_tiny_cpu(tmp_path, capsys):
+    """The Kimi-slice benchmark's code at test scale: decode at each batch beside the bytes it
+    touched (experts hit counted from the router), MLA attention beside the latent rows read."""
+    out = tmp_path / "kimi.json"
+    code = main(["bench", "step", "--shape", "kimi-k2-slice-tiny", "--device", "cpu", "--dtype", "float32",
+                 "--context", "20", "--batches", "1,3", "--attention-contexts", "40,70", "--iters", "1",
+                 "--output", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    names = {(f["name"], f["batch"]) for f in result["figures"]}
+    assert names == {(n, b) for b in (1, 3) for n in ("decode T=0", "mla attention ctx 40", "mla attention ctx 70")}
+    assert all(f["ms"] > 0 and f["floor_ms"] > 0 for f in result["figures"])
+    assert result["kv_bytes_per_token"] == 2 * (32 + 8) * 4
+    one, three = result["step_bytes"]["decode batch 1"], result["step_bytes"]["decode batch 3"]
+    assert one["experts_hit"] == 4 < three["experts_hit"] <= 12                 # top-4 of 16, rows apart
+    assert three["routed_experts_hit"] == three["experts_hit"] * one["per_expert"]
+    assert "mla attention ctx" in capsys.readouterr().out

@@ -44,3 +44,17 @@ def test_merging_twice_is_a_no_op(qwen2_dir):
     merged = model.model.layers[0].self_attn.qkv_proj
     model.merge_projections()
     assert model.model.layers[0].self_attn.qkv_proj is merged
+
+
+def test_merged_mla_projections_match_separate(deepseek_dir):
+    """DeepSeek-V3: q_a and the KV latent's projection as one product; dense and shared-expert
+    gate/up too."""
+    from test_models_moe import our_logits as moe_logits
+    separate = load_target(deepseek_dir, "float32", "cpu")
+    merged = load_target(deepseek_dir, "float32", "cpu")
+    merged.merge_projections()
+    attn = merged.model.layers[1].self_attn
+    assert attn.q_kv_a_proj is not None and not hasattr(attn, "kv_a_proj_with_mqa")
+    assert merged.model.layers[1].mlp.shared_experts.gate_up_proj is not None
+    ids = torch.randint(0, separate.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(moe_logits(merged, ids)[0], moe_logits(separate, ids)[0], rtol=1e-5, atol=1e-5)

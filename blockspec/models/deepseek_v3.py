@@ -21,6 +21,7 @@ from blockspec.attention.backend import AttentionBackend, AttentionPlan
 from blockspec.config_deepseek import DeepseekV3Config
 from blockspec.kv.cache import LatentCache, LatentCacheSpec
 from blockspec.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from blockspec.layers.linear import MergedLinear
 from blockspec.layers.moe import MoE
 from blockspec.layers.rope import apply_rope, apply_rope_interleaved, softmax_scale
 from blockspec.models.base import DecoderLayer, DecoderLM, default_backend
@@ -63,6 +64,27 @@ class MLAttention(nn.Module):
         self.scale = softmax_scale(cfg.rope, cfg.qk_head_dim)
         self.rotate = apply_rope_interleaved if cfg.rope_interleave else apply_rope
         self.q_lora = cfg.q_lora_rank is not None
+        self.q_kv_a_proj: MergedLinear | None = None
+
+    def merge_projections(self) -> None:
+        """The query's first projection and the KV latent's as one product (layers/linear.py)."""
+        if self.q_kv_a_proj is not None:
+            return
+        if self.q_lora:
+            self.q_kv_a_proj = MergedLinear([self.q_a_proj, self.kv_a_proj_with_mqa])
+            del self.q_a_proj
+        else:
+            self.q_kv_a_proj = MergedLinear([self.q_proj, self.kv_a_proj_with_mqa])
+            del self.q_proj
+        del self.kv_a_proj_with_mqa
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x `[B, Q, hidden]` → (q `[B, Q, H·(N + P)]`, latent and rotary key `[B, Q, R + P]`)."""
+        if self.q_kv_a_proj is not None:
+            q, kv = self.q_kv_a_proj(x)
+            return (self.q_b_proj(self.q_a_layernorm(q)) if self.q_lora else q), kv
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)
+        return q, self.kv_a_proj_with_mqa(x)
 
     def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """W_UK `[H, N, R]` and W_UV `[H, V, R]`: views of `kv_b_proj.weight` (no copy)."""
@@ -71,9 +93,9 @@ class MLAttention(nn.Module):
 
     def forward(self, x, cos, sin, layer: int, cache: LatentCache, plan: AttentionPlan, backend: AttentionBackend):
         B, Q, _ = x.shape
-        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)
+        q, kv = self.project(x)
         q_nope, q_rope = q.view(B, Q, self.num_heads, -1).split([self.nope, self.rope_dim], dim=-1)
-        latent, k_rope = self.kv_a_proj_with_mqa(x).split([self.latent_dim, self.rope_dim], dim=-1)
+        latent, k_rope = kv.split([self.latent_dim, self.rope_dim], dim=-1)
         latent = self.kv_a_layernorm(latent)
         q_rope = self.rotate(q_rope, cos, sin)
         k_rope = self.rotate(k_rope[:, :, None], cos, sin)[:, :, 0]

@@ -111,14 +111,16 @@ def run_moe_slice_bench(cfg, log=print) -> dict:
             seq.tokens[-1] = int(torch.randint(0, model.config.vocab_size, (1,), generator=gen))
         ms = harness.time_ms(cfg.iters)
         replay = harness.replay_ms(cfg.iters)
+        overlapped = harness.overlapped_ms(cfg.iters)
         hit = sum(int(m.last_expert_ids.unique().numel()) for m in _moe_layers(model))
         parts = step_bytes(model, hit, batch * cfg.context * kv_per_token)
         floor = (parts["weights_without_routed"] + parts["routed_experts_hit"] + parts["latent_cache"]) / bandwidth * 1e3
         figures.append(StepFigure("decode T=0", batch, 1, ms, floor, ms / floor, harness.capture_s, replay,
-                                  None if replay is None else ms - replay))
+                                  None if replay is None else ms - replay, overlapped))
         floors[f"decode batch {batch}"] = {**parts, "experts_hit": hit}
         log(f"decode batch {batch:>3}: {ms:8.3f} ms  floor {floor:7.3f} ms  × {ms / floor:5.2f}  ({hit} experts hit)"
-            + (f"  replay {replay:7.3f} ms (× {replay / floor:5.2f})" if replay else ""))
+            + (f"  replay {replay:7.3f} ms (× {replay / floor:5.2f})" if replay else "")
+            + (f"  overlapped {overlapped:7.3f} ms" if overlapped else ""))
         del harness
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -60,6 +60,9 @@ class DeepseekV3Config:
             # What transformers' DeepseekV3 computes, and so what is verified against it.
             raise ValueError(f"DeepseekV3ForCausalLM routes with scoring_func 'sigmoid' and topk_method "
                              f"'noaux_tc'; this config has {scoring!r} / {method!r}")
+        if int(cfg.get("moe_layer_freq", 1) or 1) != 1:
+            raise ValueError(f"moe_layer_freq {cfg['moe_layer_freq']} is not supported: every layer after "
+                             "first_k_dense_replace is a MoE layer (as in transformers' DeepseekV3)")
         heads = int(cfg.get("num_attention_heads", 128))
         experts = int(cfg.get("n_routed_experts", 256))
         moe = MoEConfig(

@@ -196,7 +196,8 @@ def test_router_stays_float32_and_mtp_layers_are_skipped(tmp_path, caplog):
 
 
 @pytest.mark.parametrize("key,value,match", [("scoring_func", "softmax", "scoring_func"),
-                                             ("n_group", 3, "n_group"), ("num_experts_per_tok", 9, "num_experts_per_tok")])
+                                             ("n_group", 3, "n_group"), ("num_experts_per_tok", 9, "num_experts_per_tok"),
+                                             ("moe_layer_freq", 2, "moe_layer_freq")])
 def test_unsupported_routing_is_refused(tmp_path, deepseek_dir, key, value, match):
     config = {**json.load(open(f"{deepseek_dir}/config.json")), key: value}
     (tmp_path / "config.json").write_text(json.dumps(config))

@@ -1,0 +1,83 @@
+"""What a request's output must match: a JSON schema, a regex, an EBNF grammar, a choice of
+strings or an xgrammar structural tag (tool calls). One definition, shared by the server's
+`response_format` / `structured_outputs` / `tool_choice` and by `SamplingParams`.
+
+A spec is checked when it is made (`StructuredOutput(...)` builds the tokenizer-free grammar,
+so a bad schema or regex is a ValueError naming the field, before a request reaches the
+engine); the engine compiles it against its vocabulary (`grammar/matcher.py`).
+
+JSON is generated without free whitespace (`any_whitespace=False`: `", "` and `": "` between
+items): a model sampled at T = 1 could otherwise spend its whole budget on whitespace, and
+the text still parses to the same value.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+KINDS = ("json", "regex", "grammar", "choice", "structural_tag")
+# Any JSON object, `response_format: {"type": "json_object"}`.
+JSON_OBJECT_SCHEMA = {"type": "object"}
+
+# xgrammar's C++ errors begin with "[hh:mm:ss] /path/file.cc:123: "; the rest is the message.
+_CPP_PREFIX = re.compile(r"^\[[\d:]+\]\s*\S+?:\d+:\s*")
+
+
+def clean_error(exc: BaseException) -> str:
+    """An xgrammar error as a one-line message for the client."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = _CPP_PREFIX.sub("", text)
+    return text.replace("Check failed: (error.empty()) is false: ", "")
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """kind: "json" (value: a JSON-schema dict; {"type": "object"} for any object), "regex"
+    (str), "grammar" (EBNF in xgrammar's GBNF dialect, root rule `root`), "choice" (non-empty
+    list of str: the output is exactly one of them), "structural_tag" (an xgrammar structural
+    tag as a dict, e.g. tool calls). `field` names the request field errors point at."""
+
+    kind: str
+    value: Any
+    field: str = "structured_output"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"{self.field}: unknown kind {self.kind!r} (one of {', '.join(KINDS)})")
+        check = {"json": (dict,), "regex": (str,), "grammar": (str,), "choice": (list, tuple),
+                 "structural_tag": (dict,)}[self.kind]
+        if not isinstance(self.value, check):
+            raise ValueError(f"{self.field}: a {self.kind} must be a {check[0].__name__}, "
+                             f"got {type(self.value).__name__}")
+        if self.kind == "choice" and (not self.value or not all(isinstance(c, str) and c for c in self.value)):
+            raise ValueError(f"{self.field}: choice must be a non-empty list of non-empty strings")
+        if self.kind in ("regex", "grammar") and not self.value:
+            raise ValueError(f"{self.field}: the {self.kind} must not be empty")
+        self.grammar()  # a spec that cannot be built is refused now, not in the engine
+
+    def grammar(self):
+        """The tokenizer-free `xgrammar.Grammar`; ValueError naming the field if it is invalid."""
+        import xgrammar as xgr
+        try:
+            if self.kind == "json":
+                return xgr.Grammar.from_json_schema(json.dumps(self.value), any_whitespace=False, strict_mode=True)
+            if self.kind == "regex":
+                return xgr.Grammar.from_regex(self.value)
+            if self.kind == "grammar":
+                return xgr.Grammar.from_ebnf(self.value)
+            if self.kind == "choice":
+                return xgr.Grammar.from_ebnf("root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in self.value))
+            return xgr.Grammar.from_structural_tag(self.value)
+        except (RuntimeError, ValueError, TypeError) as e:
+            what = {"json": "JSON schema", "regex": "regex", "grammar": "EBNF grammar", "choice": "choice",
+                    "structural_tag": "structural tag"}[self.kind]
+            raise ValueError(f"{self.field}: invalid {what}: {clean_error(e)}") from None
+        except Exception as e:  # pydantic's ValidationError for a malformed structural tag
+            raise ValueError(f"{self.field}: invalid {self.kind}: {clean_error(e)}") from None
+
+    def key(self) -> str:
+        """A stable text key (compiled grammars are cached by it)."""
+        return self.kind + ":" + json.dumps(self.value, sort_keys=True)

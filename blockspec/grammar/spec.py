@@ -26,6 +26,30 @@ JSON_OBJECT_SCHEMA = {"type": "object"}
 _CPP_PREFIX = re.compile(r"^\[[\d:]+\]\s*\S+?:\d+:\s*")
 
 
+def bounded_strings_as_patterns(schema):
+    """`schema` with every `{"type": "string", "minLength"/"maxLength": n}` that has no pattern or
+    format rewritten as the same bound on a `pattern` of non-control characters.
+
+    xgrammar (≤ 0.2.9, upstream issue #800) lowers a length-bounded string to a character class
+    that lets raw control characters (U+0000–U+001F) through, which JSON forbids unescaped:
+    strict parsers reject such output. Its `pattern` path is JSON-aware and never emits them.
+    The rewritten schema accepts a subset of the original's strings (no control characters, no
+    escapes — the bounded path cannot emit escapes either), so the output still validates."""
+    if isinstance(schema, list):
+        return [bounded_strings_as_patterns(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: bounded_strings_as_patterns(v) for k, v in schema.items()}
+    low, high = out.get("minLength"), out.get("maxLength")
+    bounds_are_ints = all(b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in (low, high))
+    if (out.get("type") == "string" and (low is not None or high is not None) and bounds_are_ints
+            and "pattern" not in out and "format" not in out):
+        out.pop("minLength", None)
+        out.pop("maxLength", None)
+        out["pattern"] = f"^[^\\x00-\\x1f]{{{low or 0},{'' if high is None else high}}}$"
+    return out
+
+
 def clean_error(exc: BaseException) -> str:
     """An xgrammar error as a one-line message for the client."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -63,7 +87,8 @@ class StructuredOutput:
         import xgrammar as xgr
         try:
             if self.kind == "json":
-                return xgr.Grammar.from_json_schema(json.dumps(self.value), any_whitespace=False, strict_mode=True)
+                return xgr.Grammar.from_json_schema(json.dumps(bounded_strings_as_patterns(self.value)),
+                                                    any_whitespace=False, strict_mode=True)
             if self.kind == "regex":
                 return xgr.Grammar.from_regex(self.value)
             if self.kind == "grammar":

@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from blockspec.engine.stops import stop_prefix_holdback
-from blockspec.grammar.spec import StructuredOutput
+from blockspec.grammar.spec import StructuredOutput, bounded_strings_as_patterns
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -48,7 +48,7 @@ def call_grammar(tools: list[dict], tool_choice, parallel_tool_calls: bool | Non
     names = [tool_choice["function"]["name"]] if mode == "named" else list(by_name)
 
     def tag(name: str) -> dict:
-        parameters = by_name[name].get("parameters") or {"type": "object"}
+        parameters = bounded_strings_as_patterns(by_name[name].get("parameters") or {"type": "object"})
         return {"type": "tag", "begin": _CALL_BEGIN + name + _CALL_ARGS,
                 "content": {"type": "json_schema", "json_schema": parameters, "max_whitespace_cnt": MAX_WHITESPACE},
                 "end": _CALL_END}

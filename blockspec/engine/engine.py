@@ -164,9 +164,7 @@ class Engine:
         stop_ids = set(params.stop_token_ids or []) | (set() if params.ignore_eos else self.eos_ids)
         detok = self.tokenizer.detokenizer(list(prompt_token_ids)) if self.config.detokenize else None
         if params.structured_output is not None:
-            # Deep enough to walk back from any draft path of a step.
-            seq.grammar = self.grammar_compiler().matcher(params.structured_output, stop_ids,
-                                                          self.spec_step.max_depth + 1)
+            seq.grammar = self.grammar_compiler().matcher(params.structured_output, stop_ids)
         self._requests[request_id] = _RequestState(seq, detok, stop_ids)
         self.scheduler.add(seq)
 

@@ -33,22 +33,21 @@ class GrammarCompiler:
         except RuntimeError as e:
             raise ValueError(f"{spec.field}: the grammar cannot be compiled: {clean_error(e)}") from None
 
-    def matcher(self, spec: StructuredOutput, stop_ids: set[int], max_rollback: int) -> "RequestGrammar":
+    def matcher(self, spec: StructuredOutput, stop_ids: set[int]) -> "RequestGrammar":
         """A request's matcher. `stop_ids` end the request (allowed once the grammar is complete,
-        and only then); `max_rollback` ≥ the deepest draft path."""
+        and only then). xgrammar's rollback is unbounded, so any draft depth can be walked back."""
         if not stop_ids:
             raise ValueError(f"{spec.field}: a constrained request needs a stop token to end on "
                              "(ignore_eos needs stop_token_ids)")
-        return RequestGrammar(self.compile(spec), sorted(stop_ids), max_rollback)
+        return RequestGrammar(self.compile(spec), sorted(stop_ids))
 
 
 class RequestGrammar:
     """One request's matcher, always at its committed state between steps."""
 
-    def __init__(self, compiled, stop_ids: list[int], max_rollback: int):
+    def __init__(self, compiled, stop_ids: list[int]):
         import xgrammar as xgr
-        self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=stop_ids,
-                                          max_rollback_tokens=max(1, max_rollback))
+        self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=stop_ids)
 
     @property
     def terminated(self) -> bool:

@@ -172,4 +172,4 @@ class SpeculativeStep:
             return verify_tree(probs, tree.tokens, tree.parents, uniforms)
         L = tree.width - 1
         return verify_chain_rejection(probs, draft_probs, tree.tokens[:, 1:], uniforms[:, L:2 * L],
-                                      uniforms[:, 2 * L:3 * L + 1])
+                                      uniforms[:, 2 * L:3 * L + 1], tree.num_nodes)

@@ -26,14 +26,21 @@ JSON_OBJECT_SCHEMA = {"type": "object"}
 _CPP_PREFIX = re.compile(r"^\[[\d:]+\]\s*\S+?:\d+:\s*")
 
 
+# What a rewritten bounded string may hold: printable ASCII but the quote and the backslash, and
+# every other code point from U+00A0 but the surrogates, as explicit ranges (a negated class is
+# lowered by xgrammar's regex path to bytes that admit overlong UTF-8 such as F0 8A 8A 8A, which
+# decodes to four U+FFFD and breaks the length bound; explicit ranges are lowered exactly).
+_JSON_TEXT_CHARS = " !#-\\[\\]-~\u00a0-\ud7ff\ue000-\uffff\U00010000-\U0010ffff"
+
+
 def bounded_strings_as_patterns(schema):
     """`schema` with every `{"type": "string", "minLength"/"maxLength": n}` that has no pattern or
-    format rewritten as the same bound on a `pattern` of non-control characters.
+    format rewritten as the same bound on a `pattern` of plain text characters.
 
     xgrammar (≤ 0.2.9, upstream issue #800) lowers a length-bounded string to a character class
     that lets raw control characters (U+0000–U+001F) through, which JSON forbids unescaped:
-    strict parsers reject such output. Its `pattern` path is JSON-aware and never emits them.
-    The rewritten schema accepts a subset of the original's strings (no control characters, no
+    strict parsers reject such output. Its `pattern` path is JSON-aware. The rewritten schema
+    accepts a subset of the original's strings (no control characters, quotes, backslashes or
     escapes — the bounded path cannot emit escapes either), so the output still validates."""
     if isinstance(schema, list):
         return [bounded_strings_as_patterns(s) for s in schema]
@@ -46,7 +53,7 @@ def bounded_strings_as_patterns(schema):
             and "pattern" not in out and "format" not in out):
         out.pop("minLength", None)
         out.pop("maxLength", None)
-        out["pattern"] = f"^[^\\x00-\\x1f]{{{low or 0},{'' if high is None else high}}}$"
+        out["pattern"] = f"^[{_JSON_TEXT_CHARS}]{{{low or 0},{'' if high is None else high}}}$"
     return out
 
 

@@ -103,3 +103,24 @@ class RequestGrammar:
         if depth_now:
             matcher.rollback(depth_now)
         return allowed
+
+    def guided_argmax(self, logits, bitmask, unpack) -> list[int]:
+        """Greedy drafts under the grammar: for each depth of `logits [L, V]` (host), the argmax
+        among the allowed tokens after the drafts chosen so far (`bitmask [1, words]` scratch,
+        `unpack(bitmask) -> [V] bool`). Past a stop token (or a dead end) the drafts are the
+        plain argmax: nothing after a stop is ever committed. Rolled back to the committed state."""
+        matcher = self.matcher
+        drafts = logits.argmax(-1).tolist()
+        depth = 0
+        for k in range(len(drafts)):
+            if matcher.is_terminated():
+                break
+            matcher.fill_next_token_bitmask(bitmask, 0)
+            token = int(logits[k].masked_fill(~unpack(bitmask), float("-inf")).argmax())
+            if not matcher.accept_token(token):
+                break
+            drafts[k] = token
+            depth += 1
+        if depth:
+            matcher.rollback(depth)
+        return drafts

@@ -60,6 +60,25 @@ class GrammarProcessor:
         self._pending = (pruned, bitmask)
         return pruned
 
+    def guide_chain(self, seqs, draft_logits: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+        """Point-mass chain drafts `[B, L]` re-chosen for constrained rows: at each depth the
+        drafter's argmax among the tokens the grammar allows after the drafts so far
+        (`draft_logits [B, L, V]`). Any proposal is exact under target-only verification; this
+        one is never cut where the grammar decides the next token, which is most of a JSON
+        document's punctuation and keys. Other rows are returned unchanged."""
+        rows = [b for b, seq in enumerate(seqs) if getattr(seq, "grammar", None) is not None]
+        if not rows:
+            return drafts
+        guided = drafts.clone()
+        host_logits = draft_logits[rows].float().cpu()
+        bitmask = torch.full((1, self.bitmask_words), ALL_ALLOWED, dtype=torch.int32)
+        vocab = draft_logits.shape[-1]
+        chosen = []
+        for b, row_logits in zip(rows, host_logits):
+            chosen.append(seqs[b].grammar.guided_argmax(row_logits, bitmask, lambda m: unpack_bitmask(m, vocab)[0]))
+        guided[rows] = torch.tensor(chosen, dtype=drafts.dtype).to(drafts.device)
+        return guided
+
     def __call__(self, logits: torch.Tensor, positions) -> torch.Tensor:
         """logits `[B, W, V]` masked at every position of `positions.tree`."""
         if self._pending is not None and self._pending[0] is positions.tree:

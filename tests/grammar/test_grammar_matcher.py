@@ -159,3 +159,19 @@ def test_bounded_strings_emit_only_valid_json_text(tokenizer, compiler):
     pattern = nested["properties"]["maxLength"].pop("pattern")
     assert nested == {"type": "object", "properties": {"maxLength": {"type": "string"}}}
     assert pattern.startswith("^[") and pattern.endswith("]{2,}$")
+
+
+def test_guided_chain_drafts_are_the_masked_argmax_along_the_chain(tokenizer, compiler):
+    spec = StructuredOutput("json", SCHEMA)
+    grammar = compiler.matcher(spec, {508})
+    logits = torch.randn(12, 512, generator=torch.Generator().manual_seed(1))
+    scratch = torch.full((1, compiler.bitmask_words), ALL_ALLOWED, dtype=torch.int32)
+    drafts = grammar.guided_argmax(logits, scratch, lambda m: unpack_bitmask(m, 512)[0])
+    prefix: list[int] = []
+    for k, token in enumerate(drafts):
+        mask = _fresh_mask(compiler, spec, [508], prefix)
+        assert token == int(logits[k].masked_fill(~mask, float("-inf")).argmax()), k
+        prefix.append(token)
+    again = torch.full((1, compiler.bitmask_words), ALL_ALLOWED, dtype=torch.int32)
+    grammar.fill_committed(again, 0)  # rolled back: still at the start
+    assert torch.equal(unpack_bitmask(again, 512)[0], _fresh_mask(compiler, spec, [508], []))

@@ -34,7 +34,7 @@ from blockspec.server.openapi import install_openapi
 from blockspec.server.prepare import SAMPLING_FIELDS, Prepared, RequestPreparer
 from blockspec.server.constraints import ToolPlan
 from blockspec.server.protocol import ModelCard, ModelList
-from blockspec.server.tool_calls import ToolCallStream, parse_tool_calls
+from blockspec.server.tool_calls import ToolCallStream, tool_reply
 
 logger = logging.getLogger("blockspec")
 
@@ -214,10 +214,8 @@ class _Server:
             message = {"role": "assistant", "content": c.text, "refusal": None}
             reason = c.final.finish_reason if c.final else None
             if c.tool_stream is not None:
-                message["content"], calls = parse_tool_calls(c.text)
-                if calls:
-                    message["tool_calls"] = calls
-                    reason = _tool_finish_reason(reason)
+                fields, reason = tool_reply(c.text, reason)
+                message.update(fields)
             choices.append({"index": c.index, "message": message,
                             "logprobs": self.logprob_format.chat(c.logprobs) if job.logprobs else None,
                             "finish_reason": reason})
@@ -260,11 +258,9 @@ class _Server:
                 if c.tool_stream is None:
                     deltas = [{"content": out.new_text}] if out.new_text or logprobs else []
                 else:
-                    deltas = c.tool_stream.feed(out.new_text) + (c.tool_stream.finish() if out.finished else [])
-                    if out.finished and c.tool_stream.calls:
-                        reason = _tool_finish_reason(reason)
-                    if logprobs and not deltas:
-                        deltas = [{}]  # the tokens' logprobs go out even while their text is held back
+                    deltas, reason = c.tool_stream.step(out.new_text, out.finished, reason)
+                    # The tokens' logprobs go out even while their text is held back.
+                    deltas = deltas or ([{}] if logprobs else [])
                 for k, delta in enumerate(deltas):
                     yield self._chunk(job, obj, [choice(c, delta, logprobs=logprobs if k == 0 else None)],
                                       include_usage)
@@ -308,12 +304,6 @@ class _Server:
 def _include_usage(prepared: Prepared) -> bool:
     options = prepared.body.stream_options
     return bool(options and options.include_usage)
-
-
-def _tool_finish_reason(reason: str | None) -> str | None:
-    """A reply that ended on its own with calls in it finished to call tools (OpenAI's
-    "tool_calls"); one cut by max_tokens stays "length"."""
-    return "tool_calls" if reason == "stop" else reason
 
 
 def _add_error(error: BaseException, prompt_param: str) -> BaseException:

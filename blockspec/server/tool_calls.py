@@ -118,20 +118,35 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
     return (content or None) if stream.calls else content, stream.calls
 
 
+def finish_reason_with_calls(reason: str | None) -> str | None:
+    """A reply that ended on its own with calls in it finished to call tools (OpenAI's
+    "tool_calls"); one cut by max_tokens stays "length"."""
+    return "tool_calls" if reason == "stop" else reason
+
+
+def tool_reply(text: str, finish_reason: str | None) -> tuple[dict, str | None]:
+    """A whole reply of a tools request: the message's `content` (and `tool_calls`) fields, and
+    its finish_reason."""
+    content, calls = parse_tool_calls(text)
+    if not calls:
+        return {"content": content}, finish_reason
+    return {"content": content, "tool_calls": calls}, finish_reason_with_calls(finish_reason)
+
+
 @dataclass
 class ToolCallStream:
     """Streams a reply as OpenAI deltas: `{"content": ...}` for text, and for each call, once it
     is closed, `{"tool_calls": [{index, id, type, function: {name, arguments: ""}}]}` then
     `{"tool_calls": [{index, function: {arguments}}]}`. Content is the text outside the calls,
-    except the whitespace right before and right after a call; so text that may be the start of
-    `<tool_call>`, and trailing whitespace, are held back until the text that follows shows what
-    they are. Without calls the content is the reply, unchanged."""
+    except whitespace right before a call and whitespace after the last call at the end; so
+    text that may be the start of `<tool_call>`, and trailing whitespace, are held back until
+    what follows shows what they are. Without calls the content is the reply, unchanged."""
 
     calls: list[dict] = field(default_factory=list)
     _buffer: str = ""          # text not yet classified
     _in_call: bool = False
-    _pending_space: str = ""   # trailing whitespace of the content so far
-    _after_call: bool = False  # the next content's leading whitespace follows a call
+    _pending_space: str = ""   # trailing whitespace of the text so far
+    _after_call: bool = False  # no content since the last call
 
     def feed(self, text: str) -> list[dict]:
         self._buffer += text
@@ -155,23 +170,29 @@ class ToolCallStream:
             self._buffer = self._buffer[start:]
             self._in_call = True
 
+    def step(self, text: str, finished: bool, finish_reason: str | None) -> tuple[list[dict], str | None]:
+        """One engine output: its deltas (the rest of the reply too when `finished`) and the
+        finish_reason to send."""
+        deltas = self.feed(text) + (self.finish() if finished else [])
+        return deltas, finish_reason_with_calls(finish_reason) if finished and self.calls else finish_reason
+
     def finish(self) -> list[dict]:
         """The end of the reply: an unclosed block and held-back text are content."""
         rest, self._buffer, self._in_call = self._buffer, "", False
         deltas = self._content(rest)
-        if self._pending_space:
+        if self._pending_space and not self._after_call:
             deltas.append({"content": self._pending_space})
-            self._pending_space = ""
+        self._pending_space = ""
         return deltas
 
     def _content(self, text: str) -> list[dict]:
-        if self._after_call:
-            text = text.lstrip()
-            self._after_call = not text
         text = self._pending_space + text
         body = text.rstrip()
         self._pending_space = text[len(body):]
-        return [{"content": body}] if body else []
+        if not body:
+            return []
+        self._after_call = False
+        return [{"content": body}]
 
     def _call(self, name: str, arguments: str) -> list[dict]:
         self._pending_space, self._after_call = "", True

@@ -103,10 +103,9 @@ class Engine:
         self.runner = ModelRunner(self.model, self.cache, self.device, tuple(capture))
         self.spec_step = SpeculativeStep(self.proposer, config.spec_verify)
         # Per-position transforms of the target's logits (docs/logits_processing.md); a step runs
-        # the ones its requests ask for. Append to add one (e.g. a grammar's token mask).
-        # The grammar's mask comes last: nothing after it may lift a forbidden token off −inf.
-        vocab = self.model_config.vocab_size
-        self.logits_processors: list = [PenaltyProcessor(), GrammarProcessor(vocab, -(-vocab // 32))]
+        # the ones its requests ask for. The grammar's mask comes last: nothing after it may lift
+        # a forbidden token off −inf.
+        self.logits_processors: list = [PenaltyProcessor(), GrammarProcessor(self.model_config.vocab_size)]
         self._grammar_compiler = None  # built for the first constrained request
         self.graphed = self.capture_graphs() if self.device.type == "cuda" and config.cuda_graph else None
         if self.device.type == "cuda":

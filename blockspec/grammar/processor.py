@@ -16,9 +16,12 @@ Drafts the grammar forbids are cut before the target forward (`constrain_tree`):
   lose only its subtree. Rejection sampling rejects it surely (p′(x) = 0), but that rejection
   is what makes the next token come from the residual norm((p′ − q)⁺) and not from p′; cutting
   the node would draw from p′ after a rejection that q made likely, which is biased
-  (tests/grammar/test_grammar_exactness.py has the counterexample). The drafter's q is not
-  masked (exact either way; masking it would raise acceptance but needs a draft-by-draft
-  matcher inside the drafter).
+  (tests/grammar/test_grammar_exactness.py has the counterexample).
+
+On the drafter's side (`guide_chain`): a constrained row's point-mass DFlash chain is the
+drafter's argmax among the allowed tokens, depth by depth, which raises acceptance and is exact
+because target-only verification accepts any proposal. Sampled drafts keep the unmasked q
+(exact; masking it would need the matcher draw by draw inside the sampler).
 """
 
 from __future__ import annotations
@@ -44,9 +47,8 @@ class GrammarProcessor:
     """The engine's grammar processor: rows whose request has `params.structured_output` (and
     so a `seq.grammar` matcher) are masked; other rows pass unchanged."""
 
-    def __init__(self, vocab_size: int, bitmask_words: int):
-        self.vocab_size = vocab_size
-        self.bitmask_words = bitmask_words
+    def __init__(self, vocab_size: int):
+        self.bitmask_words = -(-vocab_size // 32)  # xgrammar's int32 words per mask row
         self._pending: tuple[DraftTree, torch.Tensor] | None = None  # masks of the tree just cut
 
     def wants(self, params) -> bool:

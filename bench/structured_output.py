@@ -23,6 +23,7 @@ import torch
 from blockspec.bench.acceptance import load_prompt_sets
 from blockspec.bundled import DRAFTER_DIR, TARGET_DIR
 from blockspec.engine.outputs import SpecMetrics
+from blockspec.grammar.processor import GrammarProcessor
 from blockspec.grammar.spec import StructuredOutput
 from blockspec.llm import LLM
 from blockspec.sampling import SamplingParams
@@ -90,8 +91,13 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=16, help="max running requests")
     ap.add_argument("--schemas", default=",".join(SCHEMAS))
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--unguided", action="store_true",
+                    help="ablation: chain drafts are the drafter's plain argmax (no grammar guidance); "
+                         "constrained runs only")
     ap.add_argument("--output", required=True)
     args = ap.parse_args()
+    if args.unguided:  # the same engine with GrammarProcessor.guide_chain a no-op
+        GrammarProcessor.guide_chain = lambda self, seqs, draft_logits, drafts: drafts
     llm = LLM(model=str(TARGET_DIR), spec=args.spec, draft_model=str(DRAFTER_DIR), device=args.device,
               max_running_requests=args.batch, budget=args.budget)
     prompts = load_prompt_sets(llm.tokenizer, args.num_prompts, ["sharegpt"])["sharegpt"]
@@ -99,11 +105,12 @@ def main() -> int:
     out = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
            "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
                       f"{args.device}", "spec": args.spec, "budget": args.budget, "block_size": llm.engine.proposer.block_size,
-           "max_tokens": args.max_tokens, "num_prompts": len(prompts), "schemas": SCHEMAS, "records": records}
+           "max_tokens": args.max_tokens, "guided_chain_drafts": not args.unguided, "num_prompts": len(prompts), "schemas": SCHEMAS, "records": records}
     for t in (float(x) for x in args.temperatures.split(",")):
-        outs, metrics, seconds = run(llm, prompts, t, args.max_tokens, None)
-        records.append({"temperature": t, "schema": None, **summary(metrics, outs, seconds)})
-        print(json.dumps(records[-1]), flush=True)
+        if not args.unguided:
+            outs, metrics, seconds = run(llm, prompts, t, args.max_tokens, None)
+            records.append({"temperature": t, "schema": None, **summary(metrics, outs, seconds)})
+            print(json.dumps(records[-1]), flush=True)
         for name in args.schemas.split(","):
             outs, metrics, seconds = run(llm, prompts, t, args.max_tokens, SCHEMAS[name])
             records.append({"temperature": t, "schema": name, **summary(metrics, outs, seconds),

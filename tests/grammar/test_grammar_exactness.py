@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import xgrammar as xgr
 from transformers import AutoModelForCausalLM
 
 import blockspec.grammar.processor as processor_module
@@ -23,8 +24,6 @@ from blockspec.tokenizer import Tokenizer
 from blockspec.validation.lossless import chi_square_against_law, exact_joint_law
 from dflash_fixtures import write_dflash_drafter
 from test_lossless import ALPHA, PROMPT, exact_law_llm
-
-xgr = pytest.importorskip("xgrammar")
 
 NUM_TOKENS = 2
 NUM_SAMPLES = 4_000

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import xgrammar as xgr
 
 from blockspec.grammar.mask import mask_logits, prune_tree, unpack_bitmask
 from blockspec.grammar.matcher import ALL_ALLOWED, GrammarCompiler
@@ -12,8 +13,6 @@ from blockspec.grammar.processor import nodes_to_keep
 from blockspec.grammar.spec import StructuredOutput, bounded_strings_as_patterns
 from blockspec.speculative.tree import PAD_PARENT, DraftTree, chain_tree
 from blockspec.tokenizer import Tokenizer
-
-xgr = pytest.importorskip("xgrammar")
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 3}},
           "required": ["a", "b"]}

@@ -24,7 +24,7 @@ from blockspec.bench.acceptance import load_prompt_sets
 from blockspec.bundled import DRAFTER_DIR, TARGET_DIR
 from blockspec.engine.outputs import SpecMetrics
 from blockspec.grammar.processor import GrammarProcessor
-from blockspec.grammar.spec import StructuredOutput
+from blockspec.structured_output import StructuredOutput
 from blockspec.llm import LLM
 from blockspec.sampling import SamplingParams
 

@@ -13,6 +13,6 @@ def __getattr__(name):
         from blockspec.sampling import SamplingParams
         return SamplingParams
     if name == "StructuredOutput":
-        from blockspec.grammar.spec import StructuredOutput
+        from blockspec.structured_output import StructuredOutput
         return StructuredOutput
     raise AttributeError(f"module 'blockspec' has no attribute {name!r}")

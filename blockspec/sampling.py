@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from blockspec.grammar.spec import StructuredOutput
+from blockspec.structured_output import StructuredOutput
 from blockspec.sampling_filters import filtered_probs_sorted_exact
 
 

@@ -7,7 +7,7 @@ t // 32 set = token t allowed); `grammar/mask.py` turns them into boolean masks 
 
 from __future__ import annotations
 
-from blockspec.grammar.spec import StructuredOutput, clean_error
+from blockspec.structured_output import StructuredOutput, clean_error
 
 ALL_ALLOWED = -1  # an int32 word with every bit set
 

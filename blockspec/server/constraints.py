@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from blockspec.grammar.spec import JSON_OBJECT_SCHEMA, StructuredOutput
+from blockspec.structured_output import JSON_OBJECT_SCHEMA, StructuredOutput
 from blockspec.server.errors import invalid_request
 from blockspec.server.tool_calls import call_grammar, tool_choice_mode
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 
 from pydantic import BaseModel, ValidationError
 
-from blockspec.grammar.spec import StructuredOutput
+from blockspec.structured_output import StructuredOutput
 from blockspec.sampling import SamplingParams
 from blockspec.server.constraints import ToolPlan, response_format_constraint, tool_plan
 from blockspec.server.errors import APIError, from_validation_error, invalid_request, param_named_in

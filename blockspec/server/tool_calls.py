@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from blockspec.engine.stops import stop_prefix_holdback
-from blockspec.grammar.spec import StructuredOutput, bounded_strings_as_patterns
+from blockspec.structured_output import StructuredOutput, bounded_strings_as_patterns
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"

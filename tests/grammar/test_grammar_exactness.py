@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 import blockspec.grammar.processor as processor_module
 from blockspec.grammar.mask import unpack_bitmask
 from blockspec.grammar.matcher import ALL_ALLOWED, GrammarCompiler
-from blockspec.grammar.spec import StructuredOutput
+from blockspec.structured_output import StructuredOutput
 from blockspec.sampling import SamplingParams
 from blockspec.tokenizer import Tokenizer
 from blockspec.validation.lossless import chi_square_against_law, exact_joint_law

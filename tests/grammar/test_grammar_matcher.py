@@ -10,7 +10,7 @@ import xgrammar as xgr
 from blockspec.grammar.mask import mask_logits, prune_tree, unpack_bitmask
 from blockspec.grammar.matcher import ALL_ALLOWED, GrammarCompiler
 from blockspec.grammar.processor import nodes_to_keep
-from blockspec.grammar.spec import StructuredOutput, bounded_strings_as_patterns
+from blockspec.structured_output import StructuredOutput, bounded_strings_as_patterns
 from blockspec.speculative.tree import PAD_PARENT, DraftTree, chain_tree
 from blockspec.tokenizer import Tokenizer
 

@@ -9,7 +9,7 @@ import json
 import jsonschema
 import pytest
 
-from blockspec.grammar.spec import StructuredOutput
+from blockspec.structured_output import StructuredOutput
 from blockspec.llm import LLM
 from blockspec.sampling import SamplingParams
 from dflash_fixtures import write_dflash_drafter

@@ -1,5 +1,5 @@
 """Structured output on the speculative path: the grammar's token mask as a per-position
-logits processor (`blockspec/logits_processing.py`), and the draft cut before verification.
+logits processor (`blockspec/speculative/logits_processing.py`), and the draft cut before verification.
 
 Every verify position (node i of the step's tree: the root, or a draft node) gets the mask of
 the grammar state after the committed output followed by the draft path root → i: each

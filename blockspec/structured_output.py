@@ -64,6 +64,15 @@ def clean_error(exc: BaseException) -> str:
     return text.replace("Check failed: (error.empty()) is false: ", "")
 
 
+def json_schema_grammar(schema: dict):
+    """The `xgrammar.Grammar` of JSON text matching `schema`, as blockspec generates JSON: no free
+    whitespace (`", "`, `": "`), no properties beyond the schema's, bounded strings rewritten
+    (`bounded_strings_as_patterns`). Raises xgrammar's errors for a schema it cannot build."""
+    import xgrammar as xgr
+    return xgr.Grammar.from_json_schema(json.dumps(bounded_strings_as_patterns(schema)), any_whitespace=False,
+                                        strict_mode=True)
+
+
 @dataclass(frozen=True)
 class StructuredOutput:
     """kind: "json" (value: a JSON-schema dict; {"type": "object"} for any object), "regex"
@@ -94,8 +103,7 @@ class StructuredOutput:
         import xgrammar as xgr
         try:
             if self.kind == "json":
-                return xgr.Grammar.from_json_schema(json.dumps(bounded_strings_as_patterns(self.value)),
-                                                    any_whitespace=False, strict_mode=True)
+                return json_schema_grammar(self.value)
             if self.kind == "regex":
                 return xgr.Grammar.from_regex(self.value)
             if self.kind == "grammar":

@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from blockspec.engine.stops import stop_prefix_holdback
-from blockspec.structured_output import StructuredOutput, bounded_strings_as_patterns
+from blockspec.structured_output import StructuredOutput, json_schema_grammar
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -27,7 +27,6 @@ CLOSE = "</tool_call>"
 _CALL_BEGIN = OPEN + '\n{"name": "'
 _CALL_ARGS = '", "arguments": '
 _CALL_END = "}\n" + CLOSE
-MAX_WHITESPACE = 2  # runs of whitespace inside constrained arguments (a sampled model could loop on them)
 
 
 def tool_choice_mode(tool_choice) -> str:
@@ -48,10 +47,11 @@ def call_grammar(tools: list[dict], tool_choice, parallel_tool_calls: bool | Non
     names = [tool_choice["function"]["name"]] if mode == "named" else list(by_name)
 
     def tag(name: str) -> dict:
-        parameters = bounded_strings_as_patterns(by_name[name].get("parameters") or {"type": "object"})
+        # The arguments as every JSON blockspec generates (no free whitespace: a sampled model
+        # can spend its whole budget on it), given to the tag as the grammar's EBNF.
+        arguments = json_schema_grammar(by_name[name].get("parameters") or {"type": "object"})
         return {"type": "tag", "begin": _CALL_BEGIN + name + _CALL_ARGS,
-                "content": {"type": "json_schema", "json_schema": parameters, "max_whitespace_cnt": MAX_WHITESPACE},
-                "end": _CALL_END}
+                "content": {"type": "grammar", "grammar": str(arguments)}, "end": _CALL_END}
     if mode == "named":
         fmt = tag(names[0])
     else:

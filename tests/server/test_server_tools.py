@@ -107,7 +107,7 @@ def _streamed(chunks) -> tuple[str, dict[int, dict], list[str]]:
 def test_enforced_tool_calls_streamed_and_not(tool_client, tool_model_name, tool_server, tool_choice, parallel,
                                               temperature):
     kwargs = dict(model=tool_model_name, messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice,
-                  max_tokens=96, temperature=temperature, seed=11)
+                  max_tokens=128, temperature=temperature, seed=11)
     if parallel is not None:
         kwargs["parallel_tool_calls"] = parallel
     full = tool_client.chat.completions.create(**kwargs)

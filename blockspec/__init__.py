@@ -1,7 +1,7 @@
 """blockspec: speculative decoding with block-diffusion drafters, verified losslessly."""
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutput", "__version__"]
 
 
 def __getattr__(name):
@@ -12,4 +12,7 @@ def __getattr__(name):
     if name == "SamplingParams":
         from blockspec.sampling import SamplingParams
         return SamplingParams
+    if name == "StructuredOutput":
+        from blockspec.structured_output import StructuredOutput
+        return StructuredOutput
     raise AttributeError(f"module 'blockspec' has no attribute {name!r}")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from blockspec.structured_output import StructuredOutput
 from blockspec.sampling_filters import filtered_probs_sorted_exact
 
 
@@ -57,6 +58,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
     logprobs: int | None = None
+    structured_output: StructuredOutput | None = None  # the grammar the output must match
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -86,6 +88,8 @@ class SamplingParams:
         self.logit_bias = _normalised_logit_bias(self.logit_bias)
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        if self.structured_output is not None and not isinstance(self.structured_output, StructuredOutput):
+            raise ValueError(f"structured_output must be a StructuredOutput or None, got {self.structured_output!r}")
         self.stop = _normalised_stop(self.stop)
         self.stop_token_ids = _normalised_stop_token_ids(self.stop_token_ids)
         # Store plain Python numbers so the values are hashable/JSON-able whatever came in.

@@ -198,6 +198,14 @@ class Tokenizer:
         """Whether the directory provides a chat template."""
         return bool(self._backend.chat_template)
 
+    def template_reads(self, variable: str) -> bool:
+        """Whether the chat template reads the variable `variable` (e.g. "tools": a template that
+        does not would silently drop what it is given)."""
+        template = getattr(self._hf, "chat_template", None)
+        templates = list(template.values()) if isinstance(template, dict) else [template] if template else []
+        from jinja2 import Environment, meta
+        return any(variable in meta.find_undeclared_variables(Environment().parse(t)) for t in templates)
+
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs) -> str:
         """The chat template applied to `messages`, as text (template kwargs pass through)."""
         if not self.has_chat_template:

@@ -375,6 +375,29 @@ def test_chain_rejection_longer_chain_and_no_drafts():
     assert empty.committed.tolist() == [[2], [0]]
 
 
+def test_chain_rejection_cut_chain_equals_the_shorter_chain():
+    """num_drafts[b] = k: the row verifies exactly as its first k drafts alone (the bonus at k,
+    from p, with that position's uniform); drafts past k are never accepted."""
+    gen = torch.Generator().manual_seed(5)
+    batch, num_drafts, vocab = 64, 3, 4
+    p = torch.softmax(torch.randn(batch, num_drafts + 1, vocab, generator=gen), -1)
+    q = torch.softmax(torch.randn(batch, num_drafts, vocab, generator=gen), -1)
+    drafts = torch.randint(vocab, (batch, num_drafts), generator=gen)
+    accept = torch.rand(batch, num_drafts, dtype=F64, generator=gen) * 0.3  # accepts often
+    residual = torch.rand(batch, num_drafts + 1, dtype=F64, generator=gen)
+    lengths = torch.arange(batch) % (num_drafts + 1)
+    cut = verify_chain_rejection(p, q, drafts, accept, residual, lengths)
+    for k in range(num_drafts + 1):
+        rows = lengths == k
+        alone = verify_chain_rejection(p[rows, :k + 1], q[rows, :k], drafts[rows, :k], accept[rows, :k],
+                                       residual[rows, :k + 1])
+        assert torch.equal(cut.accept_len[rows], alone.accept_len)
+        assert torch.equal(cut.committed[rows, :k + 1], alone.committed)
+        assert (cut.committed[rows, k + 1:] == -1).all()
+    full = verify_chain_rejection(p, q, drafts, accept, residual, torch.full((batch,), num_drafts))
+    assert torch.equal(full.committed, verify_chain_rejection(p, q, drafts, accept, residual).committed)
+
+
 # ---------------------------------------------------------------------------------------------
 # no host synchronisation
 

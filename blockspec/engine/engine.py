@@ -24,6 +24,8 @@ from blockspec.engine.runner import ModelRunner
 from blockspec.engine.scheduler import Scheduler
 from blockspec.engine.sequence import Sequence, Status
 from blockspec.engine.stops import first_stop_string, stop_prefix_holdback, token_stop_reason
+from blockspec.grammar.matcher import GrammarCompiler
+from blockspec.grammar.processor import GrammarProcessor
 from blockspec.kv.allocator import PageAllocator, PageTable
 from blockspec.kv.page_table import PageTableStore
 from blockspec.speculative.logits_processing import VerifyPositions, active_processors, process_logits, root_only_tree
@@ -106,8 +108,10 @@ class Engine:
         self.runner = ModelRunner(self.model, self.cache, self.device, tuple(capture))
         self.spec_step = SpeculativeStep(self.proposer, config.spec_verify)
         # Per-position transforms of the target's logits (docs/logits_processing.md); a step runs
-        # the ones its requests ask for. Append to add one (e.g. a grammar's token mask).
-        self.logits_processors: list = [PenaltyProcessor()]
+        # the ones its requests ask for. The grammar's mask comes last: nothing after it may lift
+        # a forbidden token off −inf.
+        self.logits_processors: list = [PenaltyProcessor(), GrammarProcessor(self.model_config.vocab_size)]
+        self._grammar_compiler = None  # built for the first constrained request
         self.graphed = self.capture_graphs() if self.device.type == "cuda" and config.cuda_graph else None
         self.graphed_prefill = None
         if self.graphed is not None:
@@ -169,8 +173,16 @@ class Engine:
             raise ValueError("stop strings need detokenization, which this engine has turned off")
         stop_ids = set(params.stop_token_ids or []) | (set() if params.ignore_eos else self.eos_ids)
         detok = self.tokenizer.detokenizer(list(prompt_token_ids)) if self.config.detokenize else None
+        if params.structured_output is not None:
+            seq.grammar = self.grammar_compiler().matcher(params.structured_output, stop_ids)
         self._requests[request_id] = _RequestState(seq, detok, stop_ids)
         self.scheduler.add(seq)
+
+    def grammar_compiler(self) -> GrammarCompiler:
+        """The engine's grammar compiler (structured output), made on first use."""
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.tokenizer.hf_tokenizer, self.model_config.vocab_size)
+        return self._grammar_compiler
 
     def abort_request(self, request_id: str) -> None:
         state = self._requests.pop(request_id, None)
@@ -299,6 +311,8 @@ class Engine:
         for t in tokens:
             seq.tokens.append(t)
             new_ids.append(t)
+            if seq.grammar is not None:
+                seq.grammar.accept([t])
             reason = token_stop_reason(t, seq.num_output, params.max_tokens, state.stop_ids)
             if state.detok is None:
                 if reason is not None:

@@ -38,6 +38,7 @@ class Sequence:
     finish_reason: str | None = None
     metrics: SpecMetrics = field(default_factory=SpecMetrics)
     num_preemptions: int = 0
+    grammar: object = None  # RequestGrammar of a constrained request, at the committed state
 
     def __post_init__(self):
         if not self.tokens:

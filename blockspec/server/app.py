@@ -32,7 +32,9 @@ from blockspec.server.logprobs_format import LogprobFormatter
 from blockspec.server.metrics import PROMETHEUS_CONTENT_TYPE, ServerMetrics
 from blockspec.server.openapi import install_openapi
 from blockspec.server.prepare import SAMPLING_FIELDS, Prepared, RequestPreparer
+from blockspec.server.constraints import ToolPlan
 from blockspec.server.protocol import ModelCard, ModelList
+from blockspec.server.tool_calls import ToolCallStream, tool_reply
 
 logger = logging.getLogger("blockspec")
 
@@ -49,6 +51,7 @@ class _Choice:
     final: StepOutput | None = None
     logprobs: list = field(default_factory=list)  # TokenLogprobs of every token so far
     text_offset: int = 0                          # completions stream: characters of tokens already sent
+    tool_stream: ToolCallStream | None = None  # a tools request's streamed reply, parsed for calls
 
 
 @dataclass
@@ -61,6 +64,7 @@ class _Job:
     choices: list[_Choice]
     request_id: str | None = None  # the HTTP request's id, for the log
     logprobs: bool = False         # the request asked for logprobs
+    tools: ToolPlan | None = None
 
     def usage(self) -> dict:
         prompt = sum(len(p) for p in self.prompts)
@@ -194,19 +198,27 @@ class _Server:
                 if isinstance(r, RequestStream):
                     r.abort()
             raise _add_error(errors[0], prompt_param)
-        choices = [_Choice(i, stream) for (i, _, _), stream in zip(plan, results)]
-        return _Job(response_id, int(time.time()), prompts, choices, request_id, params[0].logprobs is not None)
+        parses = bool(prepared.tools and prepared.tools.parses_calls)
+        choices = [_Choice(i, stream, tool_stream=ToolCallStream() if parses else None)
+                   for (i, _, _), stream in zip(plan, results)]
+        return _Job(response_id, int(time.time()), prompts, choices, request_id, params[0].logprobs is not None,
+                    prepared.tools)
 
     # ---- response bodies -----------------------------------------------------------------
     def _envelope(self, job: _Job, obj: str) -> dict:
         return {"id": job.response_id, "object": obj, "created": job.created, "model": self.model_name}
 
     def _chat_body(self, job: _Job) -> dict:
-        choices = [{"index": c.index,
-                    "message": {"role": "assistant", "content": c.text, "refusal": None},
-                    "logprobs": self.logprob_format.chat(c.logprobs) if job.logprobs else None,
-                    "finish_reason": c.final.finish_reason if c.final else None}
-                   for c in job.choices]
+        choices = []
+        for c in job.choices:
+            message = {"role": "assistant", "content": c.text, "refusal": None}
+            reason = c.final.finish_reason if c.final else None
+            if c.tool_stream is not None:
+                fields, reason = tool_reply(c.text, reason)
+                message.update(fields)
+            choices.append({"index": c.index, "message": message,
+                            "logprobs": self.logprob_format.chat(c.logprobs) if job.logprobs else None,
+                            "finish_reason": reason})
         return {**self._envelope(job, "chat.completion"), "choices": choices, "usage": job.usage(),
                 "spec_decoding": job.spec_decoding(self.engine.spec_algorithm)}
 
@@ -241,13 +253,19 @@ class _Server:
             for c in job.choices:
                 yield self._chunk(job, obj, [choice(c, {"role": "assistant", "content": ""})], include_usage)
             async for c, out in _merge(job.choices):
-                logprobs = job.logprobs and out.logprobs
-                if out.new_text or logprobs:
-                    yield self._chunk(job, obj, [choice(c, {"content": out.new_text},
-                                                        logprobs=self.logprob_format.chat(out.logprobs) if logprobs else None)],
+                logprobs = self.logprob_format.chat(out.logprobs) if job.logprobs and out.logprobs else None
+                reason = out.finish_reason
+                if c.tool_stream is None:
+                    deltas = [{"content": out.new_text}] if out.new_text or logprobs else []
+                else:
+                    deltas, reason = c.tool_stream.step(out.new_text, out.finished, reason)
+                    # The tokens' logprobs go out even while their text is held back.
+                    deltas = deltas or ([{}] if logprobs else [])
+                for k, delta in enumerate(deltas):
+                    yield self._chunk(job, obj, [choice(c, delta, logprobs=logprobs if k == 0 else None)],
                                       include_usage)
                 if out.finished:
-                    yield self._finish_chunk(job, obj, [choice(c, {}, out.finish_reason)], include_usage)
+                    yield self._finish_chunk(job, obj, [choice(c, {}, reason)], include_usage)
             for chunk in self._final_chunks(job, obj, include_usage):
                 yield chunk
 

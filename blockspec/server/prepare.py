@@ -12,9 +12,12 @@ from dataclasses import dataclass, fields
 
 from pydantic import BaseModel, ValidationError
 
+from blockspec.structured_output import StructuredOutput
 from blockspec.sampling import SamplingParams
+from blockspec.server.constraints import ToolPlan, response_format_constraint, tool_plan
 from blockspec.server.errors import APIError, from_validation_error, invalid_request, param_named_in
 from blockspec.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, unsupported_parameters
+from blockspec.server.tool_calls import template_messages
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_CHAT_MAX_TOKENS_CAP = 1024  # chat default: the remaining context, at most this
@@ -34,6 +37,7 @@ class Prepared:
     prompts: list[list[int]]
     params: list[SamplingParams]  # one per choice
     prompt_param: str  # the field that errors about the prompt name: "messages" or "prompt"
+    tools: ToolPlan | None = None  # the chat request's tools (its replies are parsed for calls)
 
 
 class RequestPreparer:
@@ -52,18 +56,20 @@ class RequestPreparer:
     def chat(self, raw: bytes) -> Prepared:
         body = parse_body(raw, ChatCompletionRequest)
         self._check_request(body)
-        prompt = self._chat_prompt(body.messages)
+        constraint = response_format_constraint(body)
+        tools, call_grammar = tool_plan(body, self.tokenizer.template_reads("tools"))
+        prompt = self._chat_prompt(body.messages, tools.tools if tools else None)
         max_tokens, max_param = _chat_max_tokens(body, len(prompt), self.max_model_len)
-        params = _choice_params(body, max_tokens, max_param)
+        params = _choice_params(body, max_tokens, max_param, call_grammar or constraint)
         self._check_context(prompt, max_tokens, "messages")
-        return Prepared(body, [prompt], params, "messages")
+        return Prepared(body, [prompt], params, "messages", tools)
 
     def completion(self, raw: bytes) -> Prepared:
         body = parse_body(raw, CompletionRequest)
         self._check_request(body)
         prompts = self._completion_prompts(body.prompt)
         max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-        params = _choice_params(body, max_tokens, "max_tokens")
+        params = _choice_params(body, max_tokens, "max_tokens", response_format_constraint(body))
         for prompt in prompts:
             self._check_context(prompt, max_tokens, "prompt")
         return Prepared(body, prompts, params, "prompt")
@@ -94,14 +100,14 @@ class RequestPreparer:
                 prompt_param, "context_length_exceeded")
 
     # ---- tokenising ------------------------------------------------------------------------
-    def _chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
-        # Templates know "system"; OpenAI's "developer" role means the same thing.
-        conversation = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                        for m in messages]
+    def _chat_prompt(self, messages: list[ChatMessage], tools: list[dict] | None = None) -> list[int]:
+        """The rendered chat; tools go to the template as transformers passes them."""
+        conversation = template_messages(messages)
+        extra = {"tools": tools} if tools else {}
         try:
             return list(self.tokenizer.apply_chat_template(
                 conversation, add_generation_prompt=True,
-                special_tokens_in_content=self.allow_special_tokens_in_content))
+                special_tokens_in_content=self.allow_special_tokens_in_content, **extra))
         except (ValueError, _TemplateError) as e:
             raise invalid_request(str(e), "messages") from e
 
@@ -163,7 +169,8 @@ def _logprobs(body) -> int | None:
     return body.logprobs
 
 
-def _choice_params(body, max_tokens: int, max_tokens_param: str) -> list[SamplingParams]:
+def _choice_params(body, max_tokens: int, max_tokens_param: str,
+                   structured_output: StructuredOutput | None = None) -> list[SamplingParams]:
     """SamplingParams of each of the n choices (seed + j for choice j)."""
     values = {"temperature": 1.0 if body.temperature is None else body.temperature,
               "top_p": 1.0 if body.top_p is None else body.top_p,
@@ -175,8 +182,11 @@ def _choice_params(body, max_tokens: int, max_tokens_param: str) -> list[Samplin
               "repetition_penalty": 1.0 if body.repetition_penalty is None else body.repetition_penalty,
               "logit_bias": body.logit_bias_ids(), "logprobs": _logprobs(body)}
     seeds = [None if body.seed is None else body.seed + j for j in range(body.n)]
+    if structured_output is not None and body.ignore_eos and not body.stop_token_ids:
+        raise invalid_request("A constrained reply ends on a stop token: with 'ignore_eos' give 'stop_token_ids'.",
+                              "ignore_eos")
     try:
-        return [SamplingParams(**values, seed=seed) for seed in seeds]
+        return [SamplingParams(**values, seed=seed, structured_output=structured_output) for seed in seeds]
     except ValueError as e:
         param = param_named_in(str(e), SAMPLING_FIELDS)
         raise invalid_request(str(e), max_tokens_param if param == "max_tokens" else param) from None

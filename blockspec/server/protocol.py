@@ -63,13 +63,26 @@ class TextContentPart(_Strict):
 MEDIA_PART_TYPES = frozenset({"image_url", "input_image", "image", "video_url", "video", "input_audio",
                               "audio_url", "audio", "file", "input_file"})
 
+FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]  # OpenAI's rule for names
+
+
+class FunctionCall(_Strict):
+    name: FunctionName
+    arguments: Text  # JSON text, as the API returned it
+
+
+class ToolCall(_Strict):
+    id: Text
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextContentPart] | None = None
     name: Text | None = None
     refusal: Text | None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: list[ToolCall] | None = None
     tool_call_id: Text | None = None
 
     @field_validator("content", mode="before")
@@ -92,6 +105,62 @@ class ChatMessage(_Strict):
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+
+class FunctionDefinition(_Strict):
+    name: FunctionName
+    description: Text | None = None
+    parameters: dict[Text, Any] | None = None  # a JSON schema (checked when the grammar is built)
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: FunctionName
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class JSONSchemaSpec(_Strict):
+    name: FunctionName
+    description: Text | None = None
+    schema_: dict[Text, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class TextFormat(_Strict):
+    type: Literal["text"]
+
+
+class JSONObjectFormat(_Strict):
+    type: Literal["json_object"]
+
+
+class JSONSchemaFormat(_Strict):
+    type: Literal["json_schema"]
+    json_schema: JSONSchemaSpec
+
+
+ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaFormat, Field(discriminator="type")]
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's `structured_outputs` extension: exactly one of the fields."""
+
+    json_: dict[Text, Any] | None = Field(default=None, alias="json")  # a JSON schema
+    regex: Text | None = None
+    choice: list[Text] | None = None
+    grammar: Text | None = None  # EBNF (xgrammar's GBNF dialect, root rule `root`)
 
 
 class _SamplingFields(_Strict):
@@ -125,6 +194,7 @@ class _SamplingFields(_Strict):
     logit_bias: dict[Text, Annotated[float, Field(ge=-100, le=100)]] | None = Field(default=None,
                                                                                   max_length=MAX_LOGIT_BIAS)
     repetition_penalty: float | None = Field(default=None, gt=0, le=MAX_REPETITION_PENALTY)  # not OpenAI; vLLM's
+    structured_outputs: StructuredOutputs | None = None  # not OpenAI: vLLM's extension
 
     @field_validator("stop")
     @classmethod
@@ -159,12 +229,12 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: PositiveTokens | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)  # needs logprobs=true (RequestPreparer)
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = Field(default=None, max_length=128)  # OpenAI's limit
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     modalities: list[Text] | None = None
     audio: Any = None
     prediction: Any = None
@@ -191,11 +261,8 @@ def _is_unset(value: Any) -> bool:
 
 # field -> predicate "this value is neutral, i.e. we honour it by doing nothing"
 _NEUTRAL_VALUES = {
-    "tools": _is_unset,
-    "tool_choice": lambda v: v is None or v == "none",
     "functions": _is_unset,
     "function_call": lambda v: v is None or v == "none",
-    "response_format": lambda v: v is None or v == {"type": "text"},
     "modalities": lambda v: v is None or v == ["text"],
     "audio": lambda v: v is None,
     "prediction": lambda v: v is None,

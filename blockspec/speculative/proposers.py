@@ -159,7 +159,10 @@ class DFlashProposer(Proposer):
             drafts = sample_from_probs(q, inputs.uniforms[:, :self.max_depth])
             return chain_tree(drafts, inputs.roots), q
         if self.tree_budget is None:
-            return chain_tree(logits.argmax(-1), inputs.roots), None
+            drafts = logits.argmax(-1)
+            for guide in (p for p in inputs.processors if hasattr(p, "guide_chain")):
+                drafts = guide.guide_chain(seqs, logits, drafts)  # e.g. a grammar's allowed tokens
+            return chain_tree(drafts, inputs.roots), None
         if self.sample_drafts and not inputs.all_greedy:
             return self.sampled_tree(logits, inputs)
         return self.build_tree(torch.log_softmax(logits, -1), self.tree_budget, self.tree_topk, inputs.roots), None

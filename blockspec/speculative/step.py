@@ -104,8 +104,12 @@ class SpeculativeStep:
         """One decode step. `graphed(inputs, tree)`, when given and able to take this batch,
         replays a captured `device_step` (CUDA graphs) and must return exactly what it would."""
         tree = draft_probs = None
-        if not self.drafts_on_device:          # host-side drafting (n-gram lookup, DDTree's heap)
+        cutters = [p for p in inputs.processors if hasattr(p, "constrain_tree")]
+        if not self.drafts_on_device or cutters:  # host-side drafting (n-gram lookup, DDTree's heap)
             tree, draft_probs = self.draft(inputs)
+        for cutter in cutters:
+            # Drafts a processor forbids (a grammar's) are cut before the target forward.
+            tree = cutter.constrain_tree(inputs.seqs, tree, sampled_drafts=draft_probs is not None)
         if graphed is not None and draft_probs is None and graphed.can_run(inputs.batch_size, inputs.needs_eager):
             result, num_nodes = graphed(inputs, tree)
         else:
@@ -168,4 +172,4 @@ class SpeculativeStep:
             return verify_tree(probs, tree.tokens, tree.parents, uniforms)
         L = tree.width - 1
         return verify_chain_rejection(probs, draft_probs, tree.tokens[:, 1:], uniforms[:, L:2 * L],
-                                      uniforms[:, 2 * L:3 * L + 1])
+                                      uniforms[:, 2 * L:3 * L + 1], tree.num_nodes)

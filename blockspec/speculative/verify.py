@@ -154,36 +154,41 @@ def verify_chain_rejection(
     draft_tokens: torch.Tensor,
     accept_uniforms: torch.Tensor,
     residual_uniforms: torch.Tensor,
+    num_drafts: torch.Tensor | None = None,
 ) -> VerifyResult:
     """Speculative rejection sampling of a chain whose drafts were sampled from q.
 
     target_probs [B, K+1, V] (p), draft_probs [B, K, V] (q, filtered with the same settings
     as p), draft_tokens [B, K], accept_uniforms [B, K] float64, residual_uniforms [B, K+1]
-    float64. Draft k is accepted when u_k * q(x_k) < p(x_k), i.e. with probability
+    float64, num_drafts [B] (a chain cut shorter: drafts at or past it are no drafts; None =
+    all K). Draft k is accepted when u_k * q(x_k) < p(x_k), i.e. with probability
     min(1, p/q); at the first rejection the committed token is drawn from
     norm(max(p_k - q_k, 0)) (p_k if that is all zero) with residual_uniforms[:, k]; if every
-    draft passes, the bonus is drawn from p_K with residual_uniforms[:, K].
+    draft passes, the bonus is drawn from p at the chain's end with that position's uniform.
     """
     batch, num_positions, _ = target_probs.shape
-    num_drafts = num_positions - 1
+    max_drafts = num_positions - 1
     device = target_probs.device
     rows = torch.arange(batch, device=device)
     positions = torch.arange(num_positions, device=device)
     draft_tokens = draft_tokens.to(device=device, dtype=torch.int64)
 
     token_index = draft_tokens.unsqueeze(-1)
-    p_of_draft = target_probs[:, :num_drafts].gather(-1, token_index).squeeze(-1).double()
+    p_of_draft = target_probs[:, :max_drafts].gather(-1, token_index).squeeze(-1).double()
     q_of_draft = draft_probs.gather(-1, token_index).squeeze(-1).double()
     u_accept = accept_uniforms.to(device=device, dtype=torch.float64)
     passes = u_accept * q_of_draft < p_of_draft
+    lengths = torch.full((batch,), max_drafts, device=device) if num_drafts is None else num_drafts.to(device)
+    real = positions[None, :max_drafts] < lengths[:, None]                  # [B, K]: a draft, not cut
+    passes = passes & real
     accept_len = passes.long().cumprod(dim=1).sum(dim=1)  # leading run of passes
 
-    # Position where the non-draft token is drawn: the first rejection, or K (bonus).
+    # Position where the non-draft token is drawn: the first rejection, or the chain's end (bonus).
     stop = accept_len
     p_stop = target_probs[rows, stop]
-    if num_drafts > 0:
-        q_stop = draft_probs[rows, stop.clamp(max=num_drafts - 1)]
-        q_stop = torch.where((stop < num_drafts).unsqueeze(1), q_stop, 0.0)
+    if max_drafts > 0:
+        q_stop = draft_probs[rows, stop.clamp(max=max_drafts - 1)]
+        q_stop = torch.where((stop < lengths).unsqueeze(1), q_stop, 0.0)  # a rejection, not the chain's end
     else:
         q_stop = torch.zeros_like(p_stop)
     residual = (p_stop - q_stop).clamp(min=0.0)

@@ -32,6 +32,9 @@ class FakeTokenizer:
         self.eos_token_ids = [EOS_ID]
         self.has_chat_template = has_chat_template
 
+    def template_reads(self, variable: str) -> bool:
+        return False  # the fake template renders roles and content only (no tools)
+
     def encode(self, text: str) -> list[int]:
         return [self._ids.get(word, UNK_ID) for word in text.split()]
 

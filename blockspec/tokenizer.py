@@ -201,7 +201,7 @@ class Tokenizer:
     def template_reads(self, variable: str) -> bool:
         """Whether the chat template reads the variable `variable` (e.g. "tools": a template that
         does not would silently drop what it is given)."""
-        template = getattr(self._hf, "chat_template", None)
+        template = self._backend.chat_template
         templates = list(template.values()) if isinstance(template, dict) else [template] if template else []
         from jinja2 import Environment, meta
         return any(variable in meta.find_undeclared_variables(Environment().parse(t)) for t in templates)

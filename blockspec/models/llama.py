@@ -9,7 +9,6 @@ One forward serves prefill, decode and tree verification: what differs is the
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from blockspec.attention.backend import AttentionBackend, AttentionPlan

@@ -22,7 +22,6 @@ import torch
 from blockspec.attention.backend import AttentionBackend
 from blockspec.attention.metadata import AttentionBatch
 from blockspec.batch import StepInputs
-from blockspec.kv.cache import KVCache
 from blockspec.sampling import filtered_probs, sample_from_probs
 from blockspec.speculative.ngram import propose_ngram_batch
 from blockspec.speculative.sampled_tree import fill_with_samples, shape_scores

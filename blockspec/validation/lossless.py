@@ -81,7 +81,6 @@ def chi_square_against_law(samples: list[tuple[int, ...]], law: dict[tuple[int, 
     n = len(samples)
     counts = Counter(samples)
     big = [c for c, p in law.items() if p * n >= min_expected]
-    big_set = set(big)
     observed = [counts.get(c, 0) for c in big]
     expected = [law[c] * n for c in big]
     rest_obs = n - sum(observed)

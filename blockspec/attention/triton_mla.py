@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from blockspec.attention.triton_paged import LOG2E, MASK_MODES, _combine_kernel, _num_sms, choose_num_splits
+from blockspec.attention.triton_paged import (LOG2E, MASK_MODES, _combine_kernel, _num_sms, _visible,
+                                              choose_num_splits)
 
 
 @triton.jit
@@ -90,18 +91,7 @@ def _mla_attn_kernel(
         qk += tl.dot(q_pe, tl.trans(k_pe.to(q_pe.dtype)), input_precision=INPUT_PRECISION)
         qk = qk * qk_scale
 
-        r = n - prefix
-        is_cached = n < prefix
-        is_new = (r >= 0) & n_ok
-        if MASK_MODE == 0:
-            new_vis = r[None, :] <= qi[:, None]
-        elif MASK_MODE == 1:
-            new_vis = r[None, :] >= 0
-        else:
-            mk = tl.load(mask_ptr + b64 * s_mb + qi[:, None] * s_mi + r[None, :] * s_mr,
-                         mask=row_valid[:, None] & is_new[None, :], other=0)
-            new_vis = mk != 0
-        vis = (is_cached[None, :] & n_ok[None, :]) | (is_new[None, :] & new_vis)
+        vis, _, _, _ = _visible(n, n_ok, prefix, qi, row_valid, mask_ptr, b64, s_mb, s_mi, s_mr, MASK_MODE)
         qk = tl.where(vis & row_valid[:, None], qk, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))

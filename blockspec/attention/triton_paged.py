@@ -30,6 +30,26 @@ _DEFAULT_SMS = 132
 
 
 @triton.jit
+def _visible(n, n_ok, prefix, qi, row_valid, mask_ptr, b64, s_mb, s_mi, s_mr, MASK_MODE: tl.constexpr):
+    """`[rows, keys]` which keys `n` the query rows `qi` see: every cached key (below `prefix`),
+    and of the new ones the causal, full or tree-ancestor (mask `[b, i, j]`) set. Also per key:
+    its offset among the new tokens, and whether it is cached / new."""
+    r = n - prefix
+    is_cached = n < prefix
+    is_new = (r >= 0) & n_ok
+    if MASK_MODE == 0:
+        new_vis = r[None, :] <= qi[:, None]
+    elif MASK_MODE == 1:
+        new_vis = r[None, :] >= 0
+    else:
+        mk = tl.load(mask_ptr + b64 * s_mb + qi[:, None] * s_mi + r[None, :] * s_mr,
+                     mask=row_valid[:, None] & is_new[None, :], other=0)
+        new_vis = mk != 0
+    vis = (is_cached[None, :] & n_ok[None, :]) | (is_new[None, :] & new_vis)
+    return vis, r, is_cached, is_new
+
+
+@triton.jit
 def _attend_block(q, acc, m_i, l_i, start, hi, prefix, qi, qpos, row_valid, window, qk_scale,
                   k_ptr, v_ptr, pt_ptr, mask_ptr, pos_ptr, b64, kvh, d, d_ok,
                   s_ks, s_kh, s_kd, s_vs, s_vh, s_vd, s_ptb, s_ptp, s_mb, s_mi, s_mr, s_posb, s_posq,
@@ -55,18 +75,8 @@ def _attend_block(q, acc, m_i, l_i, start, hi, prefix, qi, qpos, row_valid, wind
         if USE_WINDOW:
             qk = tl.where((qpos[:, None] - n[None, :]) < window, qk, float("-inf"))
     else:
-        r = n - prefix
-        is_cached = n < prefix
-        is_new = (r >= 0) & n_ok
-        if MASK_MODE == 0:
-            new_vis = r[None, :] <= qi[:, None]
-        elif MASK_MODE == 1:
-            new_vis = r[None, :] >= 0
-        else:
-            mk = tl.load(mask_ptr + b64 * s_mb + qi[:, None] * s_mi + r[None, :] * s_mr,
-                         mask=row_valid[:, None] & is_new[None, :], other=0)
-            new_vis = mk != 0
-        vis = (is_cached[None, :] & n_ok[None, :]) | (is_new[None, :] & new_vis)
+        vis, r, is_cached, is_new = _visible(n, n_ok, prefix, qi, row_valid, mask_ptr, b64, s_mb, s_mi, s_mr,
+                                             MASK_MODE)
         if USE_WINDOW:
             kpos_new = tl.load(pos_ptr + b64 * s_posb + r * s_posq, mask=is_new, other=0).to(tl.int32)
             kpos = tl.where(is_cached, n, kpos_new)

@@ -18,6 +18,7 @@ from blockspec.kv.cache import CacheSpec, KVCache
 from blockspec.layers.linear import merge_submodule_projections
 from blockspec.layers.moe import stack_expert_weights
 from blockspec.layers.norm import RMSNorm
+from blockspec.layers.rope import RotaryEmbedding
 
 
 class DecoderLayer(nn.Module):
@@ -48,10 +49,20 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderLM(nn.Module):
-    """Subclasses set `self.model` (with `embed_tokens`, `layers`, `norm`), `self.rotary`,
-    `self.lm_head`, and `self.config`; `backend` defaults to the reference."""
+    """Subclasses build theirs with `__init__(config, backend, model, rotary_dim)`: `model` has
+    `embed_tokens`, `layers`, `norm`; `backend` defaults to the reference."""
 
     backend: AttentionBackend
+
+    def __init__(self, cfg, backend: AttentionBackend | None, model: nn.Module, rotary_dim: int):
+        super().__init__()
+        self.config = cfg
+        self.backend = backend or default_backend()
+        self.model = model
+        self.rotary = RotaryEmbedding(cfg.rope, rotary_dim)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def set_backend(self, backend: AttentionBackend) -> None:
         self.backend = backend

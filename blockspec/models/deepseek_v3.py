@@ -20,11 +20,11 @@ from torch import nn
 from blockspec.attention.backend import AttentionBackend, AttentionPlan
 from blockspec.config_deepseek import DeepseekV3Config
 from blockspec.kv.cache import LatentCache, LatentCacheSpec
-from blockspec.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from blockspec.layers import RMSNorm, SwiGLU
 from blockspec.layers.linear import MergedLinear
 from blockspec.layers.moe import MoE
 from blockspec.layers.rope import apply_rope, apply_rope_interleaved, softmax_scale
-from blockspec.models.base import DecoderLayer, DecoderLM, default_backend
+from blockspec.models.base import DecoderLayer, DecoderLM
 
 log = logging.getLogger("blockspec.models")
 
@@ -120,14 +120,7 @@ class DeepseekV3ForCausalLM(DecoderLM):
     """DeepSeek-V3 / Kimi K2 for causal LM, over a paged latent cache."""
 
     def __init__(self, cfg: DeepseekV3Config, backend: AttentionBackend | None = None):
-        super().__init__()
-        self.config = cfg
-        self.backend = backend or default_backend()
-        self.model = DeepseekV3Model(cfg)
-        self.rotary = RotaryEmbedding(cfg.rope, cfg.qk_rope_head_dim)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        super().__init__(cfg, backend, DeepseekV3Model(cfg), cfg.qk_rope_head_dim)
 
     @property
     def cache_spec(self) -> LatentCacheSpec:

@@ -14,11 +14,11 @@ from torch import nn
 from blockspec.attention.backend import AttentionBackend, AttentionPlan
 from blockspec.config import ModelConfig
 from blockspec.kv.cache import CacheSpec, KVCache
-from blockspec.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from blockspec.layers import RMSNorm, SwiGLU
 from blockspec.layers.moe import MoE
 from blockspec.layers.rope import ApplyRope
 from blockspec.layers.linear import MergedLinear
-from blockspec.models.base import DecoderLayer, DecoderLM, default_backend
+from blockspec.models.base import DecoderLayer, DecoderLM
 
 
 class LlamaAttention(nn.Module):
@@ -81,14 +81,7 @@ class LlamaForCausalLM(DecoderLM):
     """Llama / Qwen2 / Qwen3 / Qwen3-MoE for causal LM, over a paged K/V cache."""
 
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend | None = None):
-        super().__init__()
-        self.config = cfg
-        self.backend = backend or default_backend()
-        self.model = LlamaModel(cfg)
-        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        super().__init__(cfg, backend, LlamaModel(cfg), cfg.head_dim)
 
     @property
     def cache_spec(self) -> CacheSpec:

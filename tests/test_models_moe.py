@@ -143,6 +143,26 @@ def test_experts_equal_a_per_expert_loop(grouped, monkeypatch):
     torch.testing.assert_close(experts(x, ids, weights), want, rtol=1e-5, atol=1e-5)
 
 
+def test_recorded_expert_hits_are_the_last_forwards_choices():
+    """`record_expert_hits`: a persistent `[E]` mask, rewritten in place by every forward (the
+    Kimi-slice benchmark's floor counts it after graph replays, which only in-place writes survive)."""
+    from blockspec.layers.moe import MoE
+    torch.manual_seed(0)
+    moe = MoE(16, MoEConfig(num_experts=12, top_k=3, intermediate_size=8))
+    moe.gate.weight.data = torch.randn(12, 16)
+    for p in moe.experts.parameters():
+        p.data = torch.randn_like(p) / 4
+    moe.record_expert_hits()
+    buffer = moe.expert_hits
+    for rows in (1, 5):
+        x = torch.randn(1, rows, 16)
+        moe(x)
+        _, ids = moe.gate(x.reshape(rows, 16))
+        assert moe.expert_hits is buffer                              # written in place
+        assert set(buffer.nonzero().flatten().tolist()) == set(ids.flatten().tolist())
+    assert int(buffer.sum()) <= 12
+
+
 def test_stack_expert_weights_names_a_missing_expert():
     state = {f"m.experts.{e}.{n}.weight": torch.zeros(2, 2) for e in range(3) for n in ("gate_proj", "up_proj", "down_proj")}
     del state["m.experts.1.up_proj.weight"]

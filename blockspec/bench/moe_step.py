@@ -103,6 +103,8 @@ def run_moe_slice_bench(cfg, log=print) -> dict:
     kv_per_token = model.cache_spec.bytes_per_token(dtype)
     log(f"shape {cfg.shape}: weights {weight_bytes(model) / 1e9:.2f} GB, latent cache {kv_per_token} bytes per token, "
         f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, backend {backend.name}, graphs {cfg.graphs and device.type == 'cuda'}")
+    for moe in _moe_layers(model):
+        moe.record_expert_hits()
     figures, floors = [], {}
     gen = torch.Generator().manual_seed(0)
     for batch in cfg.batches:
@@ -112,7 +114,7 @@ def run_moe_slice_bench(cfg, log=print) -> dict:
         ms = harness.time_ms(cfg.iters)
         replay = harness.replay_ms(cfg.iters)
         overlapped = harness.overlapped_ms(cfg.iters)
-        hit = sum(int(m.last_expert_ids.unique().numel()) for m in _moe_layers(model))
+        hit = sum(int(m.expert_hits.sum()) for m in _moe_layers(model))   # in the last step timed
         parts = step_bytes(model, hit, batch * cfg.context * kv_per_token)
         floor = (parts["weights_without_routed"] + parts["routed_experts_hit"] + parts["latent_cache"]) / bandwidth * 1e3
         figures.append(StepFigure("decode T=0", batch, 1, ms, floor, ms / floor, harness.capture_s, replay,

@@ -160,13 +160,22 @@ class MoE(nn.Module):
         self.experts = GroupedExperts(hidden, cfg)
         self.shared_experts = (SwiGLU(hidden, cfg.num_shared_experts * cfg.intermediate_size)
                                if cfg.num_shared_experts else None)
-        self.last_expert_ids: torch.Tensor | None = None   # the last forward's choices (benchmarks)
+        # Which experts the last forward chose, `[E]` bool, when a benchmark asks (`record_expert_hits`).
+        # A persistent buffer, written in place, so that CUDA-graph replays update it: a tensor
+        # kept from inside a captured forward lives in the graph's pool and is overwritten.
+        self.expert_hits: torch.Tensor | None = None
+
+    def record_expert_hits(self) -> None:
+        """From now on, each forward marks the experts it routed to in `expert_hits`."""
+        self.expert_hits = torch.zeros(self.experts.num_experts, dtype=torch.bool, device=self.gate.weight.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x `[B, Q, H]` → `[B, Q, H]`."""
         flat = x.reshape(-1, x.shape[-1])
         weights, ids = self.gate(flat)
-        self.last_expert_ids = ids
+        if self.expert_hits is not None:
+            self.expert_hits.zero_()
+            self.expert_hits[ids.reshape(-1)] = True
         out = self.experts(flat, ids, weights)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)

@@ -10,14 +10,18 @@ Semantics are those of `ReferenceBackend.mla_forward` (the visibility of `metada
 visibility_mask`: cached rows < prefix_len, new rows by the causal / full / tree mask; padded
 queries give zeros). The new rows must already be in the cache.
 
-Layout: one program handles one (tile of BLOCK_M (query, head) rows, batch row, key split);
-row m of the flattened [Q · H] is query `m // H`, head `m % H`. Online softmax in float32
+Layout: one program handles one (tile of BLOCK_M (query, head) rows and a value split, batch
+row, key split); row m of the flattened [Q · H] is query `m // H`, head `m % H`. A value split
+computes the tile's scores in full but accumulates only its R / V_SPLITS value columns, which
+bounds the accumulator so that a tile can hold all of a query's heads (fewer reads of the cache). Online softmax in float32
 (exp2 domain); with several key splits each program writes a normalised partial and its
 log-sum-exp, combined by `triton_paged`'s combine kernel. Runs under Triton's interpreter on
 CPU tensors (`TRITON_INTERPRET=1`, float32/float16).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -40,9 +44,10 @@ def _mla_attn_kernel(
     s_ob, s_oq, s_oh, s_od,
     H: tl.constexpr, LATENT: tl.constexpr, ROPE: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, MASK_MODE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, INPUT_PRECISION: tl.constexpr, V_SPLITS: tl.constexpr,
 ):
-    tile = tl.program_id(0)
+    tile = tl.program_id(0) // V_SPLITS
+    v0 = (tl.program_id(0) % V_SPLITS) * (BLOCK_L // V_SPLITS)
     b64 = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
     prefix = tl.load(prefix_ptr + b64 * s_pre).to(tl.int32)
@@ -55,6 +60,8 @@ def _mla_attn_kernel(
     row_valid = qi < new_len
     dl = tl.arange(0, BLOCK_L)
     dl_ok = dl < LATENT
+    dv = v0 + tl.arange(0, BLOCK_L // V_SPLITS)      # this program's value columns
+    dv_ok = dv < LATENT
     dr = tl.arange(0, BLOCK_R)
     dr_ok = dr < ROPE
     q_row = b64 * s_qb + qi.to(tl.int64)[:, None] * s_qq + h[:, None] * s_qh
@@ -77,7 +84,7 @@ def _mla_attn_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_L], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_L // V_SPLITS], tl.float32)
     for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < hi
@@ -99,43 +106,60 @@ def _mla_attn_kernel(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(qk - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=INPUT_PRECISION)
+        if V_SPLITS == 1:
+            cv = c
+        else:   # the value columns again: the rows were just read, so this load hits the cache
+            cv = tl.load(lat_ptr + slot[:, None] * s_ls + dv[None, :] * s_ld, mask=n_ok[:, None] & dv_ok[None, :],
+                         other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(cv.dtype), cv, input_precision=INPUT_PRECISION)
         m_i = m_new
 
     has = (l_i > 0.0) & row_valid
     out = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
-    o_mask = row_in[:, None] & dl_ok[None, :]
+    o_mask = row_in[:, None] & dv_ok[None, :]
     if NUM_SPLITS == 1:
-        o_off = b64 * s_ob + qi.to(tl.int64)[:, None] * s_oq + h[:, None] * s_oh + dl[None, :] * s_od
+        o_off = b64 * s_ob + qi.to(tl.int64)[:, None] * s_oq + h[:, None] * s_oh + dv[None, :] * s_od
         tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
         # Partials as triton_paged's combine reads them: o [B, Q, H, S, R], lse [B, Q, H, S].
         rowid = (b64 * Q + qi.to(tl.int64)) * H + h
-        tl.store(opart_ptr + (rowid * NUM_SPLITS + split)[:, None] * LATENT + dl[None, :], out, mask=o_mask)
+        tl.store(opart_ptr + (rowid * NUM_SPLITS + split)[:, None] * LATENT + dv[None, :], out, mask=o_mask)
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-        tl.store(lse_ptr + rowid * NUM_SPLITS + split, lse, mask=row_in)
+        # Every value split computes the same scores, hence the same log-sum-exp: one writes it.
+        tl.store(lse_ptr + rowid * NUM_SPLITS + split, lse, mask=row_in & ((qi * 0 + v0) == 0))
 
 
-def mla_config(latent_dim: int, on_cuda: bool) -> tuple[int, int, int, int]:
-    """BLOCK_M ((query, head) rows per tile), BLOCK_N, num_warps, num_stages.
+@dataclass(frozen=True)
+class MLAConfig:
+    """One launch's tiling. Each of the ceil(Q·H / block_m) row tiles reads every visible
+    latent row once per value split, so wide tiles (all of a query's heads) read the cache
+    fewest times; a tile's accumulator is block_m × R / v_splits float32 (registers), which is
+    what the value split bounds."""
 
-    A tile's accumulator is BLOCK_M × R float32, so wide latents (Kimi's 512) take 16 rows;
-    not yet tuned on the GPU (`blockspec bench step --shape kimi-k2-slice` measures it).
-    """
+    block_m: int      # (query, head) rows per program
+    block_n: int      # keys per inner step
+    v_splits: int     # programs sharing a row tile, each accumulating R / v_splits value columns
+    num_warps: int
+    num_stages: int
+
+
+def mla_config(latent_dim: int, on_cuda: bool) -> MLAConfig:
+    """The launch tiling (`bench/mla_tune_gpu.py` times the candidates at Kimi's shapes)."""
     if not on_cuda:
-        return 16, 16, 1, 1
+        return MLAConfig(16, 16, 1, 1, 1)
     if latent_dim >= 256:
-        return 16, 32, 4, 2
-    return 32, 64, 4, 2
+        return MLAConfig(16, 32, 1, 4, 2)
+    return MLAConfig(32, 64, 1, 4, 2)
 
 
 def mla_paged_attention(q: torch.Tensor, latent_cache: torch.Tensor, page_table: torch.Tensor,
                         prefix_lens: torch.Tensor, new_lens: torch.Tensor, scale: float, page_size: int,
                         latent_dim: int, mask_mode: str, new_mask: torch.Tensor | None = None,
-                        num_splits: int | None = None) -> torch.Tensor:
+                        num_splits: int | None = None, config: MLAConfig | None = None) -> torch.Tensor:
     """q `[B, Q, H, R + P]`, one layer's latent cache `[slots, R + P]` → out `[B, Q, H, R]` (q's dtype).
 
     mask_mode: "causal", "full" or "tree" (`new_mask [B, Q, Q]` bool), as `triton_paged`.
+    `config` overrides `mla_config`'s tiling (tuning, tests).
     """
     if mask_mode not in MASK_MODES:
         raise ValueError(f"mask_mode must be one of {sorted(MASK_MODES)}, got {mask_mode!r}")
@@ -145,11 +169,14 @@ def mla_paged_attention(q: torch.Tensor, latent_cache: torch.Tensor, page_table:
                          f"and exceed latent_dim {latent_dim}")
     rope = D - latent_dim
     on_cuda = q.device.type == "cuda"
-    block_m, block_n, num_warps, num_stages = mla_config(latent_dim, on_cuda)
-    tiles = triton.cdiv(Q * H, block_m)
+    cfg = config or mla_config(latent_dim, on_cuda)
+    block_l = max(16, triton.next_power_of_2(latent_dim))
+    if block_l % (16 * cfg.v_splits):
+        raise ValueError(f"v_splits {cfg.v_splits} must split the latent tile {block_l} into multiples of 16")
+    tiles = triton.cdiv(Q * H, cfg.block_m)
     P = page_table.shape[1]
     if num_splits is None:
-        num_splits = choose_num_splits(B, 1, tiles, P * page_size, Q, _num_sms(q.device))
+        num_splits = choose_num_splits(B, 1, tiles * cfg.v_splits, P * page_size, Q, _num_sms(q.device))
     num_splits = max(1, int(num_splits))
     mode = MASK_MODES[mask_mode]
     if mode == 2:
@@ -165,15 +192,14 @@ def mla_paged_attention(q: torch.Tensor, latent_cache: torch.Tensor, page_table:
         lse = torch.empty((B, Q, H, num_splits), dtype=torch.float32, device=q.device)
     else:
         opart = lse = out
-    block_l = max(16, triton.next_power_of_2(latent_dim))
-    _mla_attn_kernel[(tiles, B, num_splits)](
+    _mla_attn_kernel[(tiles * cfg.v_splits, B, num_splits)](
         q, latent_cache, page_table, prefix_lens, new_lens, mask_arg, out, opart, lse,
         float(scale) * LOG2E, Q, prefix_lens.stride(0), new_lens.stride(0),
         *q.stride(), *latent_cache.stride(), *page_table.stride(), *mask_strides, *out.stride(),
         H=H, LATENT=latent_dim, ROPE=rope, BLOCK_L=block_l, BLOCK_R=max(16, triton.next_power_of_2(rope)),
-        BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page_size, MASK_MODE=mode, NUM_SPLITS=num_splits,
-        INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=num_warps, num_stages=num_stages,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PAGE_SIZE=page_size, MASK_MODE=mode, NUM_SPLITS=num_splits,
+        INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", V_SPLITS=cfg.v_splits,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if num_splits > 1:
         _combine_kernel[(B * Q * H,)](
@@ -184,4 +210,4 @@ def mla_paged_attention(q: torch.Tensor, latent_cache: torch.Tensor, page_table:
     return out
 
 
-__all__ = ["mla_paged_attention", "mla_config"]
+__all__ = ["MLAConfig", "mla_paged_attention", "mla_config"]

@@ -11,7 +11,7 @@ import torch
 from blockspec.attention import triton_mla
 from blockspec.attention.metadata import causal_new_mask, full_new_mask, visibility_mask
 from blockspec.attention.reference import masked_attention
-from blockspec.attention.triton_mla import mla_paged_attention
+from blockspec.attention.triton_mla import MLAConfig, mla_paged_attention
 from blockspec.kv.cache import gather_slots
 from test_triton_paged import random_tree
 
@@ -46,10 +46,11 @@ class LatentCase:
         rows = self.rows.float()[slots][:, :, None]
         return masked_attention(self.q.float(), rows, rows[..., :self.latent], visible, self.scale)
 
-    def kernel(self, mode, new_mask=None, num_splits=None):
+    def kernel(self, mode, new_mask=None, num_splits=None, config=None):
         out = mla_paged_attention(self.q.to(DEVICE), self.rows.to(DEVICE), self.page_table.to(DEVICE),
                                   self.prefix.to(DEVICE), self.new.to(DEVICE), self.scale, self.page_size,
-                                  self.latent, mode, None if new_mask is None else new_mask.to(DEVICE), num_splits)
+                                  self.latent, mode, None if new_mask is None else new_mask.to(DEVICE), num_splits,
+                                  config)
         assert out.dtype == self.q.dtype and out.shape == (*self.q.shape[:3], self.latent)
         return out.cpu()
 
@@ -81,6 +82,25 @@ def test_tree_verify(splits):
     case = LatentCase([19, 3], [12, 7], 12, heads=4, seed=3)
     mask, _ = random_tree(case, [12, 7])
     case.assert_close(case.kernel("tree", mask, num_splits=splits), case.reference(mask))
+
+
+@pytest.mark.parametrize("config,splits", [(MLAConfig(8, 16, 2, 1, 1), 1), (MLAConfig(32, 16, 2, 1, 1), 3),
+                                           (MLAConfig(16, 32, 4, 1, 1), 2)])
+def test_value_splits_and_wide_tiles(config, splits):
+    """Tilings the GPU tuning chooses among: value columns split across programs (each writing
+    its columns, one the log-sum-exp), tiles wider than a query's heads, with key splits; a
+    chain verify and a tree, so tiles straddle queries."""
+    case = LatentCase([21, 6, 40], [5, 2, 3], 5, heads=3, latent=64, seed=5)
+    case.assert_close(case.kernel("causal", num_splits=splits, config=config),
+                      case.reference(causal_new_mask(3, 5, "cpu")))
+    mask, _ = random_tree(case, [5, 2, 3])
+    case.assert_close(case.kernel("tree", mask, num_splits=splits, config=config), case.reference(mask))
+
+
+def test_value_split_must_leave_whole_tiles():
+    case = LatentCase([4], [1], 1)                      # latent 32: a 4-way split leaves 8 columns
+    with pytest.raises(ValueError, match="v_splits"):
+        case.kernel("causal", config=MLAConfig(16, 16, 4, 1, 1))
 
 
 def test_float16():

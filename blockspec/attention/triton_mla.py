@@ -144,7 +144,10 @@ class MLAConfig:
 
 
 def mla_config(latent_dim: int, on_cuda: bool) -> MLAConfig:
-    """The launch tiling (`bench/mla_tune_gpu.py` times the candidates at Kimi's shapes)."""
+    """The launch tiling. `bench/mla_tune_gpu.py` timed 23 others at Kimi's shapes on an H200
+    (bench/results/gpu_session_a/): none beat this one; tiles of all 64 heads with value splits,
+    which read the cache 2× instead of 4×, ran 1.1–1.8× slower — the kernel is bound by its
+    matrix-unit work, not by reading the latent."""
     if not on_cuda:
         return MLAConfig(16, 16, 1, 1, 1)
     if latent_dim >= 256:

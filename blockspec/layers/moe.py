@@ -175,7 +175,7 @@ class MoE(nn.Module):
         weights, ids = self.gate(flat)
         if self.expert_hits is not None:
             self.expert_hits.zero_()
-            self.expert_hits[ids.reshape(-1)] = True
+            self.expert_hits.index_fill_(0, ids.reshape(-1), True)   # no host value: capturable
         out = self.experts(flat, ids, weights)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)

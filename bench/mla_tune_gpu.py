@@ -44,6 +44,15 @@ def time_ms(fn, iters: int) -> float:
     return (time.perf_counter() - start) / (iters * 10) * 1e3
 
 
+def wide_candidates() -> list[MLAConfig]:
+    """Tiles of all 64 heads without value splits (the cache read once per key split, the scores
+    computed once), their float32 accumulator spread over 8 or 16 warps; and longer key steps."""
+    return [MLAConfig(bm, bn, vs, w, st) for bm, bn, vs, w, st in
+            [(64, 32, 1, 16, 2), (64, 16, 1, 16, 2), (64, 64, 1, 16, 2), (64, 32, 1, 8, 2), (64, 16, 1, 8, 2),
+             (64, 32, 1, 16, 3), (64, 32, 2, 16, 2), (16, 64, 1, 4, 2), (16, 64, 1, 4, 3), (16, 128, 1, 4, 2),
+             (16, 64, 1, 8, 2), (32, 64, 1, 8, 2), (16, 32, 1, 4, 3)]]
+
+
 def candidates() -> list[MLAConfig]:
     """Wide tiles first (they read the cache fewest times), so a sweep cut short by its budget
     has tried the likeliest."""
@@ -61,6 +70,7 @@ def main():
     ap.add_argument("--output", required=True)
     ap.add_argument("--budget-s", type=float, default=200.0)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--wide", action="store_true", help="only the wide-tile / long-step candidates")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
     bandwidth = copy_bandwidth(torch.device("cuda"))
@@ -81,7 +91,7 @@ def main():
         results["cases"][name] = {"floor_ms": floor, "default_ms": ms, "tried": []}
         print(f"{name}: default {ms:.3f} ms, latent read {floor:.3f} ms (x {ms / floor:.2f})", flush=True)
     start = time.time()
-    for cfg in candidates():
+    for cfg in (wide_candidates() if args.wide else candidates()):
         if time.time() - start > args.budget_s:
             print("budget spent; stopping the sweep", flush=True)
             break

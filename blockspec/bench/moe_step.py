@@ -105,7 +105,7 @@ def run_moe_slice_bench(cfg, log=print) -> dict:
         f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, backend {backend.name}, graphs {cfg.graphs and device.type == 'cuda'}")
     for moe in _moe_layers(model):
         moe.record_expert_hits()
-    figures, floors = [], {}
+    figures, floors, profiles = [], {}, {}
     gen = torch.Generator().manual_seed(0)
     for batch in cfg.batches:
         harness = StepHarness(model, batch, cfg.context, None, 0.0, cfg.graphs)
@@ -115,6 +115,10 @@ def run_moe_slice_bench(cfg, log=print) -> dict:
         replay = harness.replay_ms(cfg.iters)
         overlapped = harness.overlapped_ms(cfg.iters)
         hit = sum(int(m.expert_hits.sum()) for m in _moe_layers(model))   # in the last step timed
+        if cfg.profile and device.type == "cuda":
+            kernels = harness.profile()       # the graphed step's kernels, by device time
+            profiles[f"decode batch {batch}"] = {"replay_ms": replay, "top_kernels": kernels,
+                                                 "kernel_us_sum": sum(k["us_per_step"] for k in kernels)}
         parts = step_bytes(model, hit, batch * cfg.context * kv_per_token)
         floor = (parts["weights_without_routed"] + parts["routed_experts_hit"] + parts["latent_cache"]) / bandwidth * 1e3
         figures.append(StepFigure("decode T=0", batch, 1, ms, floor, ms / floor, harness.capture_s, replay,
@@ -137,7 +141,7 @@ def run_moe_slice_bench(cfg, log=print) -> dict:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     result = {"config": asdict(cfg), "copy_bandwidth_bytes_per_s": bandwidth, "weight_bytes": weight_bytes(model),
-              "kv_bytes_per_token": kv_per_token, "step_bytes": floors, "figures": [asdict(f) for f in figures]}
+              "kv_bytes_per_token": kv_per_token, "step_bytes": floors, "profiles": profiles, "figures": [asdict(f) for f in figures]}
     if cfg.output:
         with open(cfg.output, "w") as f:
             json.dump(result, f, indent=2)

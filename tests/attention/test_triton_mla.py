@@ -85,7 +85,9 @@ def test_tree_verify(splits):
 
 
 @pytest.mark.parametrize("config,splits", [(MLAConfig(8, 16, 2, 1, 1), 1), (MLAConfig(32, 16, 2, 1, 1), 3),
-                                           (MLAConfig(16, 32, 4, 1, 1), 2)])
+                                           (MLAConfig(16, 32, 4, 1, 1), 2),
+                                           (triton_mla.mla_config(512, True, 8), 2),    # the GPU defaults
+                                           (triton_mla.mla_config(512, True, 1), 1)])
 def test_value_splits_and_wide_tiles(config, splits):
     """Tilings the GPU tuning chooses among: value columns split across programs (each writing
     its columns, one the log-sum-exp), tiles wider than a query's heads, with key splits; a

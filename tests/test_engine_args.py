@@ -142,7 +142,7 @@ def test_generate_keeps_its_sampling_seed_apart_from_the_engine_seed():
 def test_check_lossless_old_verify_flag_still_works():
     parser = subparser("check", "lossless")
     assert parser.parse_args(["--model", "m", "--verify", "rejection"]).spec_verify == "rejection"
-    assert parser.parse_args(["--model", "m"]).spec_verify == "target-only"
+    assert parser.parse_args(["--model", "m"]).spec_verify == "auto"
 
 
 @pytest.mark.parametrize("cmd", COMMANDS)
@@ -165,4 +165,4 @@ def test_bench_tools_get_the_other_engine_settings():
     assert (spec.page_size, spec.max_running_requests, spec.spec_verify, spec.tree_budget) == (32, 3, "rejection", 8)
     plain = spec_args.plain_config()
     assert (plain.spec, plain.draft_model, plain.tree_budget, plain.spec_verify, plain.page_size) == \
-        ("none", None, None, "target-only", 32)
+        ("none", None, None, "auto", 32)

@@ -88,3 +88,21 @@ def test_rejection_is_accepted_for_ddtree_by_the_config_and_flags():
     config = engine_config_from_args(args)
     config.validate()
     assert (config.spec, config.spec_verify) == ("ddtree", "rejection")
+
+
+def test_auto_rule_verifies_sampled_rows_by_rejection_and_reports_it(qwen3_dir, drafter):
+    """The default rule: rejection sampling where the proposer has a q (dflash, ddtree),
+    target-only for n-gram; each request's spec_decoding says how it was verified."""
+    assert [EngineConfig(model="m", spec=s).verify_rule() for s in ("dflash", "ddtree", "ngram", "none")] == \
+        ["rejection", "rejection", "target-only", "target-only"]
+    assert EngineConfig(model="m", spec="dflash", spec_verify="target-only").verify_rule() == "target-only"
+    prompts = prompts_for(512, [6, 11], seed=4)
+    sampled = SamplingParams(temperature=1.0, max_tokens=16, seed=5, ignore_eos=True)
+    llm = LLM(model=qwen3_dir, spec="dflash", draft_model=drafter)
+    assert llm.engine.spec_step.rejection
+    outs = llm.generate(prompts, [GREEDY, sampled])
+    assert [o.metrics.to_dict()["verify"] for o in outs] == ["greedy", "rejection"]
+    assert LLM.aggregate_metrics(outs).verify == "mixed"
+    ngram = LLM(model=qwen3_dir, spec="ngram").generate(prompts[:1], sampled)
+    assert ngram[0].metrics.verify == "target-only"
+    assert LLM(model=qwen3_dir).generate(prompts[:1], sampled)[0].metrics.verify == "none"

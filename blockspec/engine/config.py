@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from blockspec.models.loader import parse_device, parse_dtype
 
 SPEC_ALGORITHMS = ("none", "ngram", "dflash", "ddtree")
-SPEC_VERIFY_RULES = ("target-only", "rejection")
+SPEC_VERIFY_RULES = ("auto", "target-only", "rejection")
 ATTENTION_BACKENDS = ("auto", "reference", "triton")
 
 
@@ -19,7 +19,7 @@ class EngineConfig:
     spec: str = "none"
     draft_model: str | None = None
     block_size: int | None = None
-    spec_verify: str = "target-only"   # or "rejection": drafts sampled from q (dflash chains, ddtree children)
+    spec_verify: str = "auto"          # "target-only", "rejection" (drafts sampled from q), or the best the proposer allows
     tree_budget: int | None = None
     tree_topk: int | None = None
     max_running_requests: int = 64
@@ -35,11 +35,21 @@ class EngineConfig:
     fused_ops: bool = True             # fused Triton RMSNorm/RoPE/SwiGLU on CUDA, if equal to eager (checked)
     overlap_schedule: bool = True      # CUDA graphs + drafting on the device: launch step N+1 before reading N
 
+    def verify_rule(self) -> str:
+        """The rule sampled rows are verified by. "auto" takes the one that accepts most: rejection
+        sampling of drafts drawn from the drafter's q (Σ min(p, q) per position, against p(draft)
+        for a point-mass draft; bench/results/sampled_tree_cpu/) where the proposer has a q
+        (dflash, ddtree), else target-only (n-gram drafts are point masses). Greedy rows always
+        walk the argmax, whatever the rule."""
+        if self.spec_verify != "auto":
+            return self.spec_verify
+        return "rejection" if self.spec in ("dflash", "ddtree") else "target-only"
+
     def validate(self) -> None:
         if self.spec not in SPEC_ALGORITHMS:
             raise ValueError(f"spec must be one of {', '.join(SPEC_ALGORITHMS)}, got {self.spec!r}")
         if self.spec_verify not in SPEC_VERIFY_RULES:
-            raise ValueError(f"spec_verify must be 'target-only' or 'rejection', got {self.spec_verify!r}")
+            raise ValueError(f"spec_verify must be one of {', '.join(SPEC_VERIFY_RULES)}, got {self.spec_verify!r}")
         for name in ("max_running_requests", "page_size", "max_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")

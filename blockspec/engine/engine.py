@@ -106,7 +106,7 @@ class Engine:
             self.proposer.load(self.model, num_pages, config.page_size, self.attention_backend)
         capture = self.proposer.target_layer_ids if self.proposer else ()
         self.runner = ModelRunner(self.model, self.cache, self.device, tuple(capture))
-        self.spec_step = SpeculativeStep(self.proposer, config.spec_verify)
+        self.spec_step = SpeculativeStep(self.proposer, config.verify_rule())
         # Per-position transforms of the target's logits (docs/logits_processing.md); a step runs
         # the ones its requests ask for. The grammar's mask comes last: nothing after it may lift
         # a forbidden token off −inf.
@@ -146,6 +146,12 @@ class Engine:
         return graphed
 
     # ---- requests -------------------------------------------------------------------------
+    def _verify_label(self, params) -> str:
+        """What `spec_decoding.verify` reports for a request with these params."""
+        if self.spec_algorithm == "none":
+            return "none"
+        return "greedy" if params.greedy else self.config.verify_rule()
+
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
@@ -167,7 +173,7 @@ class Engine:
                              f"does not fit the K/V cache ({capacity} tokens); raise kv_cache_tokens")
         seq = Sequence(request_id, list(prompt_token_ids), params, PageTable(self.allocator.page_size, store=self.page_tables),
                        make_generator(params.seed), self._arrivals,
-                       metrics=SpecMetrics(algorithm=self.spec_algorithm))
+                       metrics=SpecMetrics(algorithm=self.spec_algorithm, verify=self._verify_label(params)))
         self._arrivals += 1
         if params.stop and not self.config.detokenize:
             raise ValueError("stop strings need detokenization, which this engine has turned off")

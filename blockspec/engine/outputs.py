@@ -15,6 +15,9 @@ class SpecMetrics:
     accepted_tokens counts only accepted drafts that were committed (a stop or max_tokens that cuts
     a step short cuts its accepted drafts too), so accepted_tokens <= committed_tokens.
     accepted_per_position[k] = steps whose draft position k (0-based) was accepted and committed.
+    verify: how this request's drafts were verified: "greedy" (the argmax walk), "rejection"
+    (drafts sampled from q, rejection sampling), "target-only", "none" without speculation, or
+    "mixed" for totals over requests verified differently.
     """
 
     algorithm: str = "none"
@@ -23,6 +26,7 @@ class SpecMetrics:
     accepted_tokens: int = 0
     committed_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    verify: str = "none"
 
     @property
     def accept_length(self) -> float:
@@ -41,6 +45,8 @@ class SpecMetrics:
             self.accepted_per_position[k] += 1
 
     def merge(self, other: "SpecMetrics") -> None:
+        if self.verify != other.verify:
+            self.verify = other.verify if self.verify == "none" else "mixed"
         self.verify_steps += other.verify_steps
         self.drafted_tokens += other.drafted_tokens
         self.accepted_tokens += other.accepted_tokens
@@ -53,11 +59,12 @@ class SpecMetrics:
     def snapshot(self) -> "SpecMetrics":
         """An independent copy (outputs outlive the step that produced them)."""
         return SpecMetrics(self.algorithm, self.verify_steps, self.drafted_tokens, self.accepted_tokens,
-                           self.committed_tokens, list(self.accepted_per_position))
+                           self.committed_tokens, list(self.accepted_per_position), self.verify)
 
     def to_dict(self) -> dict:
         return {
             "algorithm": self.algorithm,
+            "verify": self.verify,
             "verify_steps": self.verify_steps,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,

@@ -291,6 +291,7 @@ class UsageInfo(BaseModel):
 
 class SpecDecodingInfo(BaseModel):
     algorithm: str
+    verify: str
     verify_steps: int
     drafted_tokens: int
     accepted_tokens: int

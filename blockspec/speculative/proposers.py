@@ -153,7 +153,9 @@ class DFlashProposer(Proposer):
         batch = inputs.attention_batch(S, torch.full((B,), S, device=inputs.device), "full")
         hidden = self.drafter(self.target.embed(block), inputs.positions(S), self.cache, batch)
         logits = self.target.logits(hidden[:, 1:])                     # [B, L, V]
-        if self.sample_drafts and self.tree_budget is None:
+        if self.sample_drafts and self.tree_budget is None and not inputs.all_greedy:
+            # (An all-greedy batch takes the argmax chain below: the same drafts as sampling from
+            # its point-mass q, verified by the greedy walk without probabilities.)
             q = filtered_probs(logits, inputs.sampling)
             drafts = sample_from_probs(q, inputs.uniforms[:, :self.max_depth])
             return chain_tree(drafts, inputs.roots), q
@@ -199,8 +201,8 @@ def build_proposer(config, target_config):
             raise ValueError(f"spec {config.spec!r} needs a draft model (draft_model / --draft-model)")
         drafter_config = read_drafter_config(config.draft_model, target_config)
         if config.spec == "dflash":
-            return DFlashProposer(drafter_config, config.block_size, sample_drafts=config.spec_verify == "rejection",
+            return DFlashProposer(drafter_config, config.block_size, sample_drafts=config.verify_rule() == "rejection",
                                   draft_dir=config.draft_model)
         return DFlashProposer(drafter_config, config.block_size, config.tree_budget or 16, config.tree_topk,
-                              sample_drafts=config.spec_verify == "rejection", draft_dir=config.draft_model)
+                              sample_drafts=config.verify_rule() == "rejection", draft_dir=config.draft_model)
     raise ValueError(f"unknown spec {config.spec!r}")

@@ -24,9 +24,9 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 PY=${PY:-python3}
 OUT=${OUT:-/tmp/sampling_out}
 if [ "${TINY:-0}" = 1 ]; then
-  : "${DEADLINE:=178}" "${REGEN_S:=45}" "${NUM:=12}" "${MAX_NEW:=16}" "${SHARDS:=1}" "${RBATCH:=12}"
-  : "${DEVICE:=cpu}" "${BATCH:=2}" "${ANCHORS:=16}" "${MAX_LEN:=256}" "${TRAIN_S:=12}" "${LOAD_S:=25}"
-  : "${ACC_PROMPTS:=2}" "${ACC_TOKENS:=12}" "${ACC_JOBS:=9}" "${ACC_S:=70}" "${PACK_S:=10}"
+  : "${DEADLINE:=178}" "${REGEN_S:=40}" "${NUM:=8}" "${MAX_NEW:=12}" "${SHARDS:=1}" "${RBATCH:=8}"
+  : "${DEVICE:=cpu}" "${BATCH:=2}" "${ANCHORS:=8}" "${MAX_LEN:=160}" "${TRAIN_S:=5}" "${LOAD_S:=25}"
+  : "${ACC_PROMPTS:=2}" "${ACC_TOKENS:=12}" "${ACC_JOBS:=9}" "${ACC_S:=55}" "${PACK_S:=8}"
 else
   : "${DEADLINE:=570}" "${REGEN_S:=100}" "${NUM:=20000}" "${MAX_NEW:=256}" "${SHARDS:=3}" "${RBATCH:=768}"
   : "${DEVICE:=cuda}" "${BATCH:=32}" "${ANCHORS:=128}" "${MAX_LEN:=512}" "${LOAD_S:=50}"

@@ -24,6 +24,7 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 PY=${PY:-python3}
 OUT=${OUT:-/tmp/sampling_out}
 if [ "${TINY:-0}" = 1 ]; then
+  export OMP_NUM_THREADS=1        # CPU: one thread a process (two under contention ran up to 20x slower)
   : "${DEADLINE:=178}" "${REGEN_S:=40}" "${NUM:=8}" "${MAX_NEW:=12}" "${SHARDS:=1}" "${RBATCH:=8}"
   : "${DEVICE:=cpu}" "${BATCH:=2}" "${ANCHORS:=8}" "${MAX_LEN:=160}" "${TRAIN_S:=5}" "${LOAD_S:=25}"
   : "${ACC_PROMPTS:=2}" "${ACC_TOKENS:=12}" "${ACC_JOBS:=9}" "${ACC_S:=55}" "${PACK_S:=8}"
@@ -85,6 +86,18 @@ print("regenerated chats per setting:", dict(counts))
 PY
 log "regenerated: $(wc -l < "$W/regen.jsonl") chats"
 
+# ---- accept length (step 3; the bundled drafter's runs go alongside step 2, warming Triton's cache) --
+declare -A METHOD_ARGS=([chain]="--spec dflash" [chain_rejection]="--spec dflash --spec-verify rejection"
+                        [tree16_sampled]="--spec ddtree --budget 16 --spec-verify rejection")
+METHODS="chain chain_rejection tree16_sampled"
+EAGER=""; [ "$ACC_EAGER" = 1 ] && EAGER=--eager
+accept() {  # drafter name, drafter dir, method
+  OMP_NUM_THREADS=1 run_for "$ACC_S" $PY -m blockspec.bench.acceptance --target $T --drafter "0=$2" \
+    ${METHOD_ARGS[$3]} --datasets sharegpt --num-prompts "$ACC_PROMPTS" --max-tokens "$ACC_TOKENS" \
+    --batch "$ACC_PROMPTS" --temperatures "$ACC_TEMPS" --device "$DEVICE" $EAGER \
+    --output "$E/results/acc_$1_$3.json" > "$W/acc_$1_$3.log" 2>&1
+}
+
 # ---- 2. the arms, side by side -------------------------------------------------------------------
 LAYER_IDS=$($PY -c "import json; print(','.join(map(str, json.load(open('$BEFORE/config.json'))['dflash_config']['target_layer_ids'])))")
 LAYERS=$($PY -c "import json; print(json.load(open('$BEFORE/config.json'))['num_hidden_layers'])")
@@ -96,11 +109,12 @@ $PY -c "import json,sys; print(json.dumps({a.split(':')[0]: {'kl_weight': float(
 log "training: budget $BUDGET s per arm, window $WINDOW s"
 for arm in $ARMS; do
   name=${arm%%:*}; weight=${arm#*:}
-  run_for "$WINDOW" $PY -m blockspec.cli train-drafter --target $T --data "jsonl:$W/regen.jsonl" --out "$W/d_$name" \
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} run_for "$WINDOW" $PY -m blockspec.cli train-drafter --target $T --data "jsonl:$W/regen.jsonl" --out "$W/d_$name" \
     --init $BEFORE --layers "$LAYERS" --target-layer-ids "$LAYER_IDS" --block-size 16 --batch-size "$BATCH" \
     --max-len "$MAX_LEN" --max-anchors "$ANCHORS" --lr "$LR" --time-budget "$BUDGET" --kl-weight "$weight" \
     --held-out-fraction 0 --snapshot-every "${SNAP_EVERY:-250}" --no-progress --device "$DEVICE" > "$W/train_$name.log" 2>&1 &
 done
+for method in $METHODS; do accept before $BEFORE $method & done
 wait
 DRAFTERS="before=$BEFORE"
 for arm in $ARMS; do
@@ -122,17 +136,11 @@ done
 log "trained: $DRAFTERS"
 
 # ---- 3. accept length ----------------------------------------------------------------------------
-declare -A METHOD_ARGS=([chain]="--spec dflash" [chain_rejection]="--spec dflash --spec-verify rejection"
-                        [tree16_sampled]="--spec ddtree --budget 16 --spec-verify rejection")
-EAGER=""; [ "$ACC_EAGER" = 1 ] && EAGER=--eager
 jobs_n=0
-for method in chain chain_rejection tree16_sampled; do
+for method in $METHODS; do
   for item in $DRAFTERS; do
-    name=${item%%=*}; dir=${item#*=}
-    OMP_NUM_THREADS=1 run_for "$ACC_S" $PY -m blockspec.bench.acceptance --target $T --drafter "0=$dir" \
-      ${METHOD_ARGS[$method]} --datasets sharegpt --num-prompts "$ACC_PROMPTS" --max-tokens "$ACC_TOKENS" \
-      --batch "$ACC_PROMPTS" --temperatures "$ACC_TEMPS" --device "$DEVICE" $EAGER \
-      --output "$E/results/acc_${name}_$method.json" > "$W/acc_${name}_$method.log" 2>&1 &
+    [ "${item%%=*}" = before ] && continue        # measured while the arms trained
+    accept "${item%%=*}" "${item#*=}" $method &
     jobs_n=$(( jobs_n + 1 ))
     if (( jobs_n % ACC_JOBS == 0 )); then wait; fi
   done

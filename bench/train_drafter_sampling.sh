@@ -10,15 +10,15 @@
 #      be bundled), methods chain (dflash, target-only), chain_rejection (dflash, --spec-verify
 #      rejection) and tree16_sampled (ddtree budget 16, rejection);
 #   4. $OUT/summary.json (bench/sampling_summary.py: figures and the rebundle verdict), $OUT/log.txt,
-#      $OUT/regen.jsonl.xz (if it fits) and $OUT/drafters.tar.part-* (arms' bf16 drafters, train logs,
-#      acceptance JSONs, stage logs; 15 MB parts).
+#      $OUT/regen.jsonl.xz.part-* (the regenerated chats, if < 30 MB compressed) and
+#      $OUT/drafters.tar.part-* (arms' bf16 drafters, train logs, acceptance JSONs, stage logs; 15 MB parts).
 # Needs .carry/site from `bash bench/make_carry.sh --site-only` (carried). Every command runs under a
 # timeout that ends it by DEADLINE − PACK_S from the start, so the summary and packing always run and
 # the script ends by DEADLINE; whatever finished is written. Env: DEADLINE, REGEN_S, TRAIN_S (the
 # arms' --time-budget; default: what is left after ACC_S, LOAD_S, PACK_S), ACC_S, LOAD_S, PACK_S,
 # ARMS, REGEN_TEMPS, SHARDS, NUM, MAX_NEW, LR, BATCH, ACC_PROMPTS, ACC_TOKENS, ACC_JOBS, ACC_EAGER,
 # DEVICE, PY, W (work dir). TINY=1: a CPU dry run at toy sizes (< 3 min; 2 cores suffice).
-# Unpack here:  cat DIR/drafters.tar.part-* | tar -xf - -C DEST
+# Unpack here:  cat DIR/drafters.tar.part-* | tar -xf - -C DEST;  cat DIR/regen.jsonl.xz.part-* | xz -dc > regen.jsonl
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 PY=${PY:-python3}
@@ -162,7 +162,7 @@ tar -C "$E" -cf - . | split -b 15M - "$OUT/drafters.tar.part-"
 left=$(( DEADLINE - $(el) - 2 ))
 if (( left > 5 )); then
   timeout "$left" xz -T8 -3 -c "$W/regen.jsonl" > "$W/regen.jsonl.xz" \
-    && (( $(stat -c %s "$W/regen.jsonl.xz") < 15000000 )) && cp "$W/regen.jsonl.xz" "$OUT/"
+    && (( $(stat -c %s "$W/regen.jsonl.xz") < 30000000 )) && split -b 15M "$W/regen.jsonl.xz" "$OUT/regen.jsonl.xz.part-"
 fi
 log "done" >/dev/null; cp "$E/log.txt" "$OUT/log.txt"
 ls -la "$OUT"

@@ -18,6 +18,7 @@ from blockspec.engine.config import SPEC_VERIFY_RULES
 from blockspec.engine.outputs import SpecMetrics
 from blockspec.llm import LLM
 from blockspec.sampling import SamplingParams
+from blockspec.train.regenerate import parse_temperatures
 
 
 DATASETS = ("sharegpt", "humaneval")
@@ -59,17 +60,22 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=int, default=None, help="DDTree node budget (default 16)")
     ap.add_argument("--top-p", type=float, default=1.0, help="top_p of the sampled requests")
     ap.add_argument("--block-size", type=int, default=None)
-    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--temperatures", default="0,1",
+                    help="items T or T:TOP_P, e.g. 0,0.6:0.95,1 (T alone takes --top-p)")
     ap.add_argument("--datasets", default=",".join(DATASETS), help="held-out prompt sets: sharegpt,humaneval")
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--eager", action="store_true", help="no CUDA graphs (no capture at startup)")
     ap.add_argument("--output", required=True)
     ap.add_argument("--plot", default=None, help="PNG: accept length against training steps")
     args = ap.parse_args(argv)
-    temps = [float(t) for t in args.temperatures.split(",")]
+    try:
+        temps = parse_temperatures(args.temperatures, default_top_p=args.top_p)
+    except ValueError as e:
+        ap.error(str(e))
     datasets = [d for d in args.datasets.split(",") if d]
     unknown = sorted(set(datasets) - set(DATASETS))
     if unknown or not datasets:
@@ -84,14 +90,14 @@ def main(argv=None) -> int:
         try:
             llm = LLM(model=args.target, draft_model=path, spec=args.spec, block_size=args.block_size,
                       device=args.device, dtype=args.dtype, max_running_requests=args.batch,
-                      spec_verify=args.spec_verify, budget=args.budget)
+                      spec_verify=args.spec_verify, budget=args.budget, cuda_graph=not args.eager)
         except (ValueError, FileNotFoundError) as e:
             ap.exit(2, f"acceptance: error: {e}\n")
         prompt_sets = prompt_sets or load_prompt_sets(llm.tokenizer, args.num_prompts, datasets)
         for name, prompts in prompt_sets.items():
-            for t in temps:
-                rec = {"step": int(step), "dataset": name, "temperature": t, "top_p": args.top_p,
-                       **measure(llm, prompts, t, args.max_tokens, args.batch, args.top_p)}
+            for t, top_p in temps:
+                rec = {"step": int(step), "dataset": name, "temperature": t, "top_p": top_p,
+                       **measure(llm, prompts, t, args.max_tokens, args.batch, top_p)}
                 print(json.dumps({k: v for k, v in rec.items() if k != "acceptance_per_position"}), flush=True)
                 records.append(rec)
                 # Written after every record: a run stopped early keeps what it measured.

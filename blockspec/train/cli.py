@@ -73,6 +73,9 @@ def add_train_drafter_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     g.add_argument("--max-anchors", type=int, default=512, help="blocks per sequence")
     g.add_argument("--gamma", type=float, default=None, help="loss decay (default 7 for B=16, 5 for 10, 4 for 8)")
     g.add_argument("--init", default=None, help="start from this drafter's weights (fine-tune)")
+    g.add_argument("--kl-weight", type=float, default=0.0, metavar="W",
+                   help="loss (1-W)·CE(target tokens) + W·KL(p‖q) against the target's distribution p "
+                        "over the block (default 0: CE only)")
     return parser
 
 
@@ -161,9 +164,12 @@ def run_train_drafter(args) -> int:
                      intermediate_size=args.intermediate_size, max_anchors=args.max_anchors, gamma=args.gamma,
                      max_len=args.max_len, steps=args.steps, epochs=_epochs(args, DEFAULT_DRAFTER_EPOCHS),
                      batch_size=args.batch_size, seed=args.seed, held_out_fraction=args.held_out_fraction,
-                     limit=args.limit, eval_batches=args.eval_batches, init_dir=args.init)
+                     limit=args.limit, eval_batches=args.eval_batches, init_dir=args.init,
+                     kl_weight=args.kl_weight)
     if args.gamma is not None and args.gamma <= 0:
         raise ValueError(f"--gamma must be positive, got {args.gamma}")
+    if not 0 <= args.kl_weight <= 1:
+        raise ValueError(f"--kl-weight must be in [0, 1], got {args.kl_weight}")
     check_out_dir(run.out_dir, args.resume)
     result, _ = train_drafter(run)
     print(f"train-drafter: {result.steps} steps, final loss {result.final_loss} → {result.out_dir}")

@@ -28,6 +28,7 @@ from blockspec.config import ModelConfig
 from blockspec.models.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids
 from blockspec.train.loop import TrainSettings, batch_indices, resolve_total_steps, step_seed, train
 from blockspec.train import data as D
+from blockspec.train.distill import block_distill_loss, check_kl_weight, teacher_block_logits
 from blockspec.train.masks import (block_input_ids, block_positions, block_targets, sample_anchors,
                                    training_attention_mask)
 
@@ -144,11 +145,13 @@ class FrozenTarget:
         return self.model.get_output_embeddings().weight
 
     @torch.no_grad()
-    def features(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Hidden states after decoder layers `layer_ids`, concatenated: `[B, T, K·H]`."""
+    def features(self, input_ids: torch.Tensor, with_final: bool = False):
+        """Hidden states after decoder layers `layer_ids`, concatenated: `[B, T, K·H]`; with_final:
+        also the final-normed states `[B, T, H]` (the LM head turns them into the target's logits)."""
         decoder = getattr(self.model, self.model.base_model_prefix)
         out = decoder(input_ids=input_ids, output_hidden_states=True, use_cache=False)
-        return torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
+        features = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
+        return (features, out.last_hidden_state) if with_final else features
 
     @torch.no_grad()
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -240,20 +243,26 @@ def block_logits(drafter: DFlashDrafter, target: FrozenTarget, input_ids: torch.
 
 
 def drafter_loss(drafter: DFlashDrafter, target: FrozenTarget, input_ids: torch.Tensor,
-                 blocks: BlockBatch, block_size: int, gamma: float, with_accept: bool = False):
-    """Weighted cross-entropy over trained block positions: Σ w_k·CE / Σ w_k.
+                 blocks: BlockBatch, block_size: int, gamma: float, with_accept: bool = False,
+                 kl_weight: float = 0.0):
+    """Weighted loss over trained block positions: Σ w_k·[(1 − W)·CE + W·KL(p‖q)] / Σ w_k
+    (distill.block_distill_loss; W = kl_weight, 0 = plain CE against the data's tokens).
 
     Logits are computed only where a position is trained (most of a 512-block batch is).
     with_accept: also return the mean number of leading block positions whose argmax is the
     data's next token, + 1 — an accept length against the data (not the target's outputs).
     """
-    hidden = block_hidden(drafter, target, input_ids, blocks)
+    if kl_weight > 0:
+        features, final = target.features(input_ids, with_final=True)
+    else:
+        features, final = target.features(input_ids), None
+    hidden = dense_block_hidden(drafter, features, target.embed(blocks.block_ids), blocks.block_pos, blocks.visible)
     weights = position_weights(block_size, gamma, input_ids.device).repeat(blocks.block_ids.shape[-1] // block_size)
     trained = blocks.trained
-    logits = F.linear(hidden[trained], target.lm_head_weight.to(hidden.dtype))
-    ce = F.cross_entropy(logits.float(), blocks.targets[trained], reduction="none")
-    w = weights.expand_as(trained)[trained]
-    loss = (ce * w).sum() / w.sum().clamp_min(1e-6)
+    lm_head = target.lm_head_weight.to(hidden.dtype)
+    logits = F.linear(hidden[trained], lm_head)
+    teacher = None if final is None else teacher_block_logits(final, blocks.block_pos, trained, lm_head)
+    loss = block_distill_loss(logits, blocks.targets[trained], weights.expand_as(trained)[trained], teacher, kl_weight)
     if not with_accept:
         return loss
     correct = torch.zeros_like(trained)
@@ -286,6 +295,7 @@ class DrafterRun:
     limit: int | None = None
     eval_batches: int = 8
     init_dir: str | None = None       # start from this drafter's weights (fine-tuning)
+    kl_weight: float = 0.0            # W of (1 − W)·CE + W·KL(p‖q) (distill.py)
 
 
 def init_from(drafter: DFlashDrafter, config: dict, init_dir: str | Path) -> None:
@@ -327,6 +337,7 @@ def train_drafter(run: DrafterRun):
         raise ValueError(f"--max-anchors must be positive, got {run.max_anchors}")
     if run.max_len < 2:
         raise ValueError(f"--max-len must be at least 2, got {run.max_len}")
+    check_kl_weight(run.kl_weight)
     settings_kwargs = dict(run.settings_kwargs)
     progress = settings_kwargs.get("progress", True)
     device = settings_kwargs["device"]
@@ -351,13 +362,13 @@ def train_drafter(run: DrafterRun):
     total = resolve_total_steps(run.steps, run.epochs, len(train_windows), run.batch_size,
                                 settings_kwargs.get("time_budget_s"))
     settings = TrainSettings(out_dir=run.out_dir, total_steps=total, description="train-drafter",
-                             extra={"gamma": gamma, "config": config}, **settings_kwargs)
+                             extra={"gamma": gamma, "kl_weight": run.kl_weight, "config": config}, **settings_kwargs)
 
     def loss_of(windows, generator, with_accept=False):
         ids, mask = D.collate(windows, pad_id)
         ids, mask = ids.to(device), mask.to(device)
         blocks = make_block_batch(ids, mask, run.block_size, mask_id, run.max_anchors, generator)
-        return drafter_loss(drafter, target, ids, blocks, run.block_size, gamma, with_accept)
+        return drafter_loss(drafter, target, ids, blocks, run.block_size, gamma, with_accept, run.kl_weight)
 
     def batch_loss(step: int) -> torch.Tensor:
         picked = [train_windows[i] for i in batch_indices(step, run.batch_size, len(train_windows), run.seed)]

@@ -5,10 +5,11 @@ training prompts matches what it will be asked to draft (docs/dflash.md, Trainin
 Held-out conversations are never used.
 
 python -m blockspec.train.regenerate --target DIR --out FILE.jsonl [--data sharegpt
-    --prompts first|all --num 8000 --temperatures 0,1 --batch 512 --max-new-tokens 256
+    --prompts first|all --num 8000 --temperatures 0,0.6:0.95,1 --batch 512 --max-new-tokens 256
     --shard K/N --device cuda --dtype float32]
-makes one pass over the prompts per temperature and writes one chat per line:
-{"id": "<chat id>[:u<turn>]:t<T>", "messages": [..., {"role": "assistant", "content": reply}]},
+makes one pass over the prompts per temperature (an item T:TOP_P also sets top_p) and writes
+one chat per line:
+{"id": "<chat id>[:u<turn>]:t<T>[p<TOP_P>]", "messages": [..., {"role": "assistant", "content": reply}]},
 ready for `blockspec train-drafter --data jsonl:FILE.jsonl`. Shards split the prompt list so
 that several processes can share one GPU (each is bound by its host thread at these sizes).
 """
@@ -33,6 +34,34 @@ def parse_shard(text: str) -> tuple[int, int]:
     if n < 1 or not 0 <= k < n:
         raise ValueError(f"--shard must be K/N with 0 <= K < N, got {text!r}")
     return k, n
+
+
+def parse_temperatures(text: str, flag: str = "--temperatures", default_top_p: float = 1.0
+                       ) -> list[tuple[float, float]]:
+    """'0,0.6:0.95,1' → [(0, 1), (0.6, 0.95), (1, 1)]: items T or T:TOP_P, T ≥ 0 and
+    0 < TOP_P ≤ 1; an item without TOP_P takes `default_top_p` (greedy items always 1);
+    a TOP_P on T = 0 is refused (greedy decoding has no nucleus)."""
+    items = []
+    for item in text.split(","):
+        t_text, sep, p_text = item.strip().partition(":")
+        try:
+            temp = float(t_text)
+            top_p = float(p_text) if sep else (default_top_p if temp > 0 else 1.0)
+        except ValueError:
+            raise ValueError(f"{flag} items must be T or T:TOP_P numbers, got {item!r} in {text!r}") from None
+        if not temp >= 0 or temp == float("inf"):
+            raise ValueError(f"{flag}: temperature must be a finite number >= 0, got {item!r}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"{flag}: top_p must be in (0, 1], got {item!r}")
+        if temp == 0 and sep:
+            raise ValueError(f"{flag}: {item!r} gives top_p to greedy decoding (T=0), which has none")
+        items.append((temp, top_p))
+    return items
+
+
+def sample_tag(temp: float, top_p: float) -> str:
+    """The id suffix of a reply: 't0', 't1', 't0.6p0.95'."""
+    return f"t{temp:g}" + (f"p{top_p:g}" if top_p < 1 else "")
 
 
 def training_prompts(data: str, which: str, num: int | None):
@@ -84,9 +113,10 @@ def fit_prompt(tok, messages, max_tokens: int) -> tuple[tuple[dict, ...], list[i
     return tuple(msgs), ids
 
 
-def regenerate(target: str, out: str, prompts, temperatures: list[float], batch: int, max_new_tokens: int,
-               device: str, dtype: str = "float32", max_prompt_tokens: int = 256, seed: int = 0) -> int:
-    """One pass over `prompts` per temperature; returns the number of chats written."""
+def regenerate(target: str, out: str, prompts, temperatures: list[tuple[float, float]], batch: int,
+               max_new_tokens: int, device: str, dtype: str = "float32", max_prompt_tokens: int = 256,
+               seed: int = 0) -> int:
+    """One pass over `prompts` per (temperature, top_p); returns the number of chats written."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(target)
@@ -101,7 +131,7 @@ def regenerate(target: str, out: str, prompts, temperatures: list[float], batch:
     torch.manual_seed(seed)
     written = 0
     with open(out, "w") as f:
-        for temp in temperatures:
+        for temp, top_p in temperatures:
             for i in range(0, len(encoded), batch):
                 chunk = encoded[i:i + batch]
                 width = max(len(ids) for _, _, ids in chunk)
@@ -110,15 +140,15 @@ def regenerate(target: str, out: str, prompts, temperatures: list[float], batch:
                 with torch.no_grad():
                     gen = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
                                          do_sample=temp > 0, temperature=temp if temp > 0 else None, top_k=0,
-                                         top_p=1.0, eos_token_id=eos, pad_token_id=pad)
+                                         top_p=top_p, eos_token_id=eos, pad_token_id=pad)
                 for (pid, msgs, _), row in zip(chunk, gen[:, width:].tolist()):
                     reply = tok.decode(row, skip_special_tokens=True).strip()
                     if reply:
-                        f.write(json.dumps({"id": f"{pid}:t{temp:g}", "messages": list(msgs) +
+                        f.write(json.dumps({"id": f"{pid}:{sample_tag(temp, top_p)}", "messages": list(msgs) +
                                             [{"role": "assistant", "content": reply}]}) + "\n")
                         written += 1
                 f.flush()   # whole lines only, should the process be stopped
-                print(f"regenerate: T={temp:g} {i + len(chunk)}/{len(encoded)} prompts", flush=True)
+                print(f"regenerate: {sample_tag(temp, top_p)} {i + len(chunk)}/{len(encoded)} prompts", flush=True)
     return written
 
 
@@ -133,7 +163,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--max-prompt-tokens", type=int, default=256)
-    ap.add_argument("--temperatures", default="0,1", help="one pass over the prompts per temperature")
+    ap.add_argument("--temperatures", default="0,1",
+                    help="one pass over the prompts per item T or T:TOP_P, e.g. 0,0.6:0.95,1")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="float32", help="float32 | bfloat16")
     ap.add_argument("--seed", type=int, default=0)
@@ -142,9 +173,7 @@ def main(argv=None) -> int:
         k, n = parse_shard(args.shard)
         if args.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {args.dtype!r}")
-        temps = [float(t) for t in args.temperatures.split(",")]
-        if not temps or any(t < 0 for t in temps):
-            raise ValueError(f"--temperatures must be non-negative numbers, got {args.temperatures!r}")
+        temps = parse_temperatures(args.temperatures)
         for name in ("num", "batch", "max_new_tokens", "max_prompt_tokens"):
             value = getattr(args, name)
             if value is not None and value < 1:

@@ -41,7 +41,9 @@ def test_records_per_snapshot_dataset_and_temperature(qwen3_dir, drafters, tmp_p
 
 
 @pytest.mark.parametrize("bad, message", [(["--datasets", "mtbench"], "--datasets"),
-                                          (["--drafter", "final"], "--drafter")])
+                                          (["--drafter", "final"], "--drafter"),
+                                          (["--temperatures", "0.6:2"], "--temperatures"),
+                                          (["--temperatures", "hot"], "--temperatures")])
 def test_bad_arguments_exit_2(qwen3_dir, drafters, tmp_path, capsys, bad, message):
     with pytest.raises(SystemExit) as exc:
         acceptance.main(["--target", qwen3_dir, "--drafter", f"1={drafters[0]}", *bad,
@@ -68,3 +70,12 @@ def test_rejection_verification_is_passed_through(qwen3_dir, drafters, tmp_path)
         acceptance.main(["--target", qwen3_dir, "--drafter", f"1={drafters[0]}", "--spec", "ngram",
                          "--spec-verify", "rejection", "--output", str(tmp_path / "no.json")])
     assert exc.value.code == 2
+
+
+def test_temperature_items_carry_their_own_top_p(qwen3_dir, drafters, tmp_path):
+    out = tmp_path / "grid.json"
+    assert acceptance.main(["--target", qwen3_dir, "--drafter", f"1={drafters[0]}", "--datasets", "humaneval",
+                            "--num-prompts", "2", "--max-tokens", "6", "--batch", "2", "--eager",
+                            "--temperatures", "0,0.6:0.95,1", "--top-p", "0.9", "--output", str(out)]) == 0
+    recs = json.loads(out.read_text())["records"]
+    assert [(r["temperature"], r["top_p"]) for r in recs] == [(0.0, 1.0), (0.6, 0.95), (1.0, 0.9)]

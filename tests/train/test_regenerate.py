@@ -82,6 +82,9 @@ def test_shards_split_the_prompts(tmp_path, qwen3_dir, chats_file):
 @pytest.mark.parametrize("bad, message", [
     (["--shard", "2/2"], "--shard"), (["--shard", "x"], "--shard"), (["--prompts", "some"], "--prompts"),
     (["--temperatures", "-1"], "--temperatures"), (["--batch", "0"], "--batch"), (["--dtype", "half"], "--dtype"),
+    (["--temperatures", "x"], "--temperatures"), (["--temperatures", "0.6:0"], "--temperatures"),
+    (["--temperatures", "0.6:1.5"], "--temperatures"), (["--temperatures", "0:0.9"], "--temperatures"),
+    (["--temperatures", "1,"], "--temperatures"), (["--temperatures", "nan"], "--temperatures"),
 ])
 def test_bad_arguments_exit_2(tmp_path, qwen3_dir, chats_file, capsys, bad, message):
     chats, _ = chats_file
@@ -89,6 +92,34 @@ def test_bad_arguments_exit_2(tmp_path, qwen3_dir, chats_file, capsys, bad, mess
         R.main(["--target", qwen3_dir, "--out", str(tmp_path / "o.jsonl"), "--data", f"jsonl:{chats}",
                 "--device", "cpu", *bad])
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_parse_temperatures():
+    assert R.parse_temperatures("0,0.6:0.95,1") == [(0.0, 1.0), (0.6, 0.95), (1.0, 1.0)]
+    assert R.parse_temperatures("0,1", default_top_p=0.9) == [(0.0, 1.0), (1.0, 0.9)]
+    assert [R.sample_tag(*t) for t in R.parse_temperatures("0,0.6:0.95,1")] == ["t0", "t0.6p0.95", "t1"]
+
+
+def test_top_p_items_sample_with_their_nucleus(tmp_path, qwen3_dir, chats_file, monkeypatch):
+    """Each item's top_p reaches generate (and its tag the ids); T alone samples with top_p 1."""
+    chats, ids = chats_file
+    seen = []
+    real = AutoModelForCausalLM.from_pretrained
+
+    def spy_model(*args, **kwargs):
+        model = real(*args, **kwargs)
+        generate = model.generate
+
+        def spy(**kw):
+            seen.append((kw["temperature"], kw["top_p"], kw["do_sample"]))
+            return generate(**kw)
+        model.generate = spy
+        return model
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy_model)
+    rows = run(tmp_path, qwen3_dir, chats, "--temperatures", "0.6:0.5,1")
+    assert set(seen) == {(0.6, 0.5, True), (1.0, 1.0, True)}
+    assert {r["id"].rsplit(":", 1)[1] for r in rows} <= {"t0.6p0.5", "t1"}
+    assert any(r["id"].endswith(":t0.6p0.5") for r in rows)
 
 
 def test_fit_prompt_keeps_what_fits(qwen3_dir):

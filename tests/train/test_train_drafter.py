@@ -169,11 +169,29 @@ def test_resume_continues_exactly(tmp_path, qwen3_dir, monkeypatch):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_kl_weight_trains_and_is_recorded(tmp_path, qwen3_dir):
+    """--kl-weight 0.5: the run trains (the loss falls on the one repeated batch) and the
+    checkpoint records the weight; --kl-weight 0 stays the CE run it always was."""
+    extra = ("--limit", "1", "--batch-size", "2", "--steps", "12", "--lr", "1e-2", "--warmup", "0")
+    assert run_train_drafter(drafter_args(tmp_path, qwen3_dir, "kl", *extra, "--kl-weight", "0.5")) == 0
+    assert run_train_drafter(drafter_args(tmp_path, qwen3_dir, "ce", *extra)) == 0
+    assert run_train_drafter(drafter_args(tmp_path, qwen3_dir, "ce0", *extra, "--kl-weight", "0")) == 0
+    kl, ce = read_losses(tmp_path / "kl"), read_losses(tmp_path / "ce")
+    assert kl[-1]["loss"] < 0.8 * kl[0]["loss"]
+    assert step_loss_lr(read_losses(tmp_path / "ce0")) == step_loss_lr(ce)
+    assert kl[0]["loss"] != ce[0]["loss"]
+    state = torch.load(tmp_path / "kl" / "checkpoint" / "state.pt", weights_only=False)
+    assert state["extra"]["kl_weight"] == 0.5
+
+
 def test_bad_drafter_arguments(tmp_path, qwen3_dir):
     with pytest.raises(ValueError, match="block-size"):
         run_train_drafter(drafter_args(tmp_path, qwen3_dir, "x", "--block-size", "1", "--steps", "1"))
     with pytest.raises(ValueError, match="target layer ids"):
         run_train_drafter(drafter_args(tmp_path, qwen3_dir, "x", "--target-layer-ids", "0,7", "--steps", "1"))
+    for bad in ("-0.5", "1.5"):
+        with pytest.raises(ValueError, match="--kl-weight"):
+            run_train_drafter(drafter_args(tmp_path, qwen3_dir, "x", "--kl-weight", bad, "--steps", "1"))
     no_mask = tmp_path / "no_mask"
     shutil.copytree(qwen3_dir, no_mask)
     tok = json.loads((no_mask / "tokenizer.json").read_text())

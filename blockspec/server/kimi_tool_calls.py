@@ -36,6 +36,15 @@ _CALL = re.compile(re.escape(CALL_BEGIN) + r"(.*?)" + re.escape(ARGUMENT_BEGIN) 
 _INDEX = "(0|[1-9][0-9]{0,3})"  # the call's index in the header, as Kimi writes it
 
 
+def _arguments(text: str) -> str | None:
+    """A call's argument text (a JSON object, or a JSON string of one) as JSON text, or None."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return arguments_json(value)
+
+
 class KimiToolFormat(ToolFormat):
     """`ids`: each marker's special-token id in the model's vocabulary."""
 
@@ -56,7 +65,7 @@ class KimiToolFormat(ToolFormat):
             if inner[pos:match.start()].strip():
                 return None  # text between calls: not a section of calls
             header = _HEADER.fullmatch(match.group(1).strip())
-            arguments = arguments_json(match.group(2).strip())
+            arguments = _arguments(match.group(2))
             if header is None or arguments is None or any(m in match.group(2) for m in MARKERS):
                 return None
             calls.append((match.group(1).strip(), header.group(1), arguments))

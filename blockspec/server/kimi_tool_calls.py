@@ -12,7 +12,8 @@ names them by id, so the model must write those tokens, not their text spelled o
 
 A section is calls when it holds only calls (whitespace between them is allowed) whose header
 is `functions.NAME:IDX` (or `NAME:IDX`) and whose arguments are a JSON object; otherwise the
-section, markers and all, stays content.
+section stays content, without its markers (as decoding without tools shows it); a stray
+marker outside a section is dropped too, so no marker ever reaches `content`.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class KimiToolFormat(ToolFormat):
     name = "kimi_k2"
     open = SECTION_BEGIN
     close = SECTION_END
+    content_drops = MARKERS
 
     def __init__(self, ids: dict[str, int]):
         missing = [m for m in MARKERS if m not in ids]

@@ -9,7 +9,9 @@ formats: Hermes (`hermes_tool_calls.py`, Qwen) and Kimi K2 (`kimi_tool_calls.py`
 model uses is decided in one place, `tool_formats.py`.
 
 A block that is not calls (bad JSON, an unknown shape, never closed) is not an error: its text
-stays content, as the model wrote it (only a grammar-free `auto` reply can have one).
+stays content (only a grammar-free `auto` reply can have one), as decoding without tools shows
+it: a format's special-token markers (`content_drops`) are never content, so a reply without
+calls has the same content whether or not it was parsed.
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ Call = tuple
 class ToolFormat(ABC):
     """How one model family writes tool calls. `open` / `close`: a block's delimiters in the
     decoded text; `marker_ids`: special-token ids the parser must see (decoded although special
-    tokens are otherwise skipped; empty when the markers are plain text)."""
+    tokens are otherwise skipped; empty when the markers are plain text); `content_drops`: the
+    text of those markers, dropped wherever it would be content (decoding without tools skips it)."""
 
     name: str
     open: str
     close: str
     marker_ids: tuple[int, ...] = ()
+    content_drops: tuple[str, ...] = ()
 
     @abstractmethod
     def parse_block(self, inner: str) -> list[Call] | None:
@@ -138,9 +142,10 @@ class ToolCallStream:
     """Streams a reply as OpenAI deltas: `{"content": ...}` for text, and for each call, once its
     block is closed, `{"tool_calls": [{index, id, type, function: {name, arguments: ""}}]}` then
     `{"tool_calls": [{index, function: {arguments}}]}`. Content is the text outside the blocks,
-    except whitespace right before a block and whitespace after the last block at the end; so
-    text that may be the start of the format's `open`, and trailing whitespace, are held back
-    until what follows shows what they are. Without calls the content is the reply, unchanged."""
+    except whitespace right before a block and whitespace after the last block at the end, and
+    without the format's `content_drops`; so text that may be the start of `open` or of a
+    dropped marker, and trailing whitespace, are held back until what follows shows what they
+    are. Without calls the content is the reply as decoding without tools gives it."""
 
     format: ToolFormat
     calls: list[dict] = field(default_factory=list)
@@ -165,7 +170,7 @@ class ToolCallStream:
                 continue
             start = self._buffer.find(open_)
             if start < 0:
-                cut = len(self._buffer) - stop_prefix_holdback(self._buffer, [open_])
+                cut = len(self._buffer) - stop_prefix_holdback(self._buffer, [open_, *self.format.content_drops])
                 ready, self._buffer = self._buffer[:cut], self._buffer[cut:]
                 return deltas + self._content(ready)
             deltas += self._content(self._buffer[:start])
@@ -188,6 +193,8 @@ class ToolCallStream:
         return deltas
 
     def _content(self, text: str) -> list[dict]:
+        for marker in self.format.content_drops:
+            text = text.replace(marker, "")
         text = self._pending_space + text
         body = text.rstrip()
         self._pending_space = text[len(body):]

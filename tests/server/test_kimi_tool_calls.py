@@ -162,3 +162,16 @@ def test_grammar_forces_marker_tokens_on_the_kimi_vocabulary(tmp_path, choice):
         if name == "get_weather":
             jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), WEATHER)
     assert KIMI.call_grammar(TOOLS, "auto", None) is None and KIMI.call_grammar(TOOLS, "none", None) is None
+
+
+@pytest.mark.parametrize("parallel", [False, None])
+def test_required_grammar_allows_more_calls_only_when_parallel(tmp_path, parallel):
+    tok = Tokenizer.load(write_kimi_tokenizer(tmp_path / "kimi"))
+    compiler = GrammarCompiler(tok, tok.vocab_size)
+    grammar = compiler.matcher(KIMI.call_grammar(TOOLS, "required", parallel), {BASE + 2})
+    one = tok.encode(section(call("get_time", 0, '{"zone": "UTC"}')))[:-1]  # up to the section's end
+    grammar.accept(one)
+    bitmask = torch.zeros(1, compiler.bitmask_words, dtype=torch.int32)
+    grammar.fill_committed(bitmask, 0)
+    allowed = unpack_bitmask(bitmask, compiler.vocab_size)[0].nonzero().flatten().tolist()
+    assert allowed == ([BASE + 9] if parallel is False else [BASE + 9, BASE + 10])  # section end / next call

@@ -42,6 +42,10 @@ class SamplingParams:
     and logit_bias ({token id: bias in -100..100}) change the target's logits before the filters
     (`blockspec/penalties.py`, docs/logits_processing.md). logprobs: None = off, k = report the
     log-probability of each generated token and its k most likely alternatives (0..20).
+
+    kept_special_token_ids: special (control) tokens decoded into the output text although the
+    others are skipped; the server sets it to a tool-call format's markers (Kimi's
+    `<|tool_call_begin|>`…), which its parser must read. After validation a sorted tuple.
     """
 
     temperature: float = 1.0
@@ -59,6 +63,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     logprobs: int | None = None
     structured_output: StructuredOutput | None = None  # the grammar the output must match
+    kept_special_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -90,6 +95,10 @@ class SamplingParams:
             raise ValueError(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         if self.structured_output is not None and not isinstance(self.structured_output, StructuredOutput):
             raise ValueError(f"structured_output must be a StructuredOutput or None, got {self.structured_output!r}")
+        kept = self.kept_special_token_ids
+        if not isinstance(kept, (list, tuple, frozenset, set)) or not all(_is_int(i) and i >= 0 for i in kept):
+            raise ValueError(f"kept_special_token_ids must be a collection of token ids (ints >= 0), got {kept!r}")
+        self.kept_special_token_ids = tuple(sorted(int(i) for i in kept))
         self.stop = _normalised_stop(self.stop)
         self.stop_token_ids = _normalised_stop_token_ids(self.stop_token_ids)
         # Store plain Python numbers so the values are hashable/JSON-able whatever came in.

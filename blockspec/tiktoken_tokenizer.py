@@ -129,6 +129,10 @@ class TiktokenBackend:
     def token_to_id(self, text: str) -> int | None:
         return self._by_text.get(text)
 
+    def token_bytes(self) -> list[bytes]:
+        """Every id's bytes in id order (a special token's: its text)."""
+        return [self._encoding.decode_single_token_bytes(i) for i in range(self.vocab_size)]
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Ids of `text`, special-token text as the special tokens (Kimi adds no BOS/EOS, so
         `add_special_tokens` changes nothing)."""

@@ -272,10 +272,29 @@ class Tokenizer:
             start = match.end()
         return ids + encode_text(text[start:])
 
-    def detokenizer(self, prompt_ids: list[int] | None = None,
-                    skip_special_tokens: bool = True) -> "IncrementalDetokenizer":
-        """A streaming detokenizer for a sequence that continues `prompt_ids`."""
-        return IncrementalDetokenizer(self._backend.decoder(skip_special_tokens), prompt_ids)
+    def token_bytes(self) -> list[bytes]:
+        """Every id's bytes, in id order (a special token's: its text). Tiktoken backend only:
+        a transformers vocabulary's byte encodings are decoded by xgrammar (grammar/matcher.py)."""
+        if self.hf_tokenizer is not None:
+            raise ValueError("token_bytes is for the tiktoken backend; decode a transformers vocabulary "
+                             "with xgrammar.TokenizerInfo.from_huggingface")
+        return self._backend.token_bytes()
+
+    @property
+    def special_token_ids(self) -> dict[str, int]:
+        """The special (control) tokens, text → id: what decoding with skip_special_tokens drops."""
+        return dict(self._special_ids)
+
+    def detokenizer(self, prompt_ids: list[int] | None = None, skip_special_tokens: bool = True,
+                    kept_special_ids: tuple[int, ...] = ()) -> "IncrementalDetokenizer":
+        """A streaming detokenizer for a sequence that continues `prompt_ids`. `kept_special_ids`:
+        special tokens decoded as their text although the others are skipped (a tool-call
+        format's markers, which its parser reads)."""
+        if not kept_special_ids or not skip_special_tokens:
+            return IncrementalDetokenizer(self._backend.decoder(skip_special_tokens), prompt_ids)
+        dropped = frozenset(self._special_ids.values()) - frozenset(kept_special_ids)
+        decode = self._backend.decoder(skip_special_tokens=False)
+        return IncrementalDetokenizer(lambda ids: decode([i for i in ids if i not in dropped]), prompt_ids)
 
 
 def _map_message_strings(messages: list[dict], fn: Callable[[str], str]) -> list[dict]:

@@ -18,6 +18,10 @@ BASE = 256 + len(MERGES)
 SPECIALS = {BASE: "[BOS]", BASE + 1: "[EOS]", BASE + 2: "<|im_end|>", BASE + 3: "<|im_user|>",
             BASE + 4: "<|im_assistant|>", BASE + 5: "<|im_system|>", BASE + 6: "<|im_middle|>"}
 THINK = BASE + 7   # marked "special": false: kept when decoding with skip_special_tokens
+# Kimi K2's tool-call markers (special tokens, as in its vocabulary), after THINK.
+TOOL_MARKERS = {BASE + 8: "<|tool_calls_section_begin|>", BASE + 9: "<|tool_calls_section_end|>",
+                BASE + 10: "<|tool_call_begin|>", BASE + 11: "<|tool_call_argument_begin|>",
+                BASE + 12: "<|tool_call_end|>"}
 TEMPLATE = (
     "{{ bos_token }}"
     "{%- for m in messages -%}"
@@ -33,12 +37,15 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 TEXT = "The 中文 theatre, 12345 cafés — we'll see 😀🎉 北京\n\n  end  "
 
 
-def write_kimi_tokenizer(out: Path, template: str | None = TEMPLATE, template_file: bool = False) -> Path:
+def write_kimi_tokenizer(out: Path, template: str | None = TEMPLATE, template_file: bool = False,
+                         tool_markers: bool = True) -> Path:
+    """The tokenizer files in `out`; `tool_markers=False` leaves the tool-call markers' ids reserved."""
     out.mkdir(parents=True, exist_ok=True)
     ranks = [bytes([b]) for b in range(256)] + MERGES
     (out / "tiktoken.model").write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for i, t in enumerate(ranks)))
     decoder = {str(i): {"content": t, "special": True, "lstrip": False, "rstrip": False, "normalized": False,
-                        "single_word": False} for i, t in SPECIALS.items()}
+                        "single_word": False}
+               for i, t in {**SPECIALS, **(TOOL_MARKERS if tool_markers else {})}.items()}
     decoder[str(THINK)] = {"content": "<think>", "special": False}
     config = {"tokenizer_class": "TikTokenTokenizer", "bos_token": "[BOS]", "eos_token": "[EOS]",
               "pad_token": None, "added_tokens_decoder": decoder,

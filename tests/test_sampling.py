@@ -123,6 +123,9 @@ BAD_VALUES = [
     ("stop_token_ids", [1, "2"]),
     ("stop_token_ids", [1.0]),
     ("ignore_eos", "yes"),
+    ("kept_special_token_ids", 5),
+    ("kept_special_token_ids", [1, -2]),
+    ("kept_special_token_ids", ["<|tool_call_begin|>"]),
 ]
 
 
@@ -157,6 +160,7 @@ def test_edge_values_accepted_and_normalised():
     assert SamplingParams(stop="###").stop == ["###"]
     assert SamplingParams(stop=["a", "b"]).stop == ["a", "b"]
     assert SamplingParams(stop_token_ids=[2, 7]).stop_token_ids == [2, 7]
+    assert SamplingParams(kept_special_token_ids=[9, 3]).kept_special_token_ids == (3, 9)
     params = SamplingParams.from_dict({"temperature": 0.7, "top_k": -1, "stop": "x", "seed": 3})
     assert (params.temperature, params.top_k, params.stop, params.seed) == (0.7, 0, ["x"], 3)
 

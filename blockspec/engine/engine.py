@@ -178,7 +178,8 @@ class Engine:
         if params.stop and not self.config.detokenize:
             raise ValueError("stop strings need detokenization, which this engine has turned off")
         stop_ids = set(params.stop_token_ids or []) | (set() if params.ignore_eos else self.eos_ids)
-        detok = self.tokenizer.detokenizer(list(prompt_token_ids)) if self.config.detokenize else None
+        detok = (self.tokenizer.detokenizer(list(prompt_token_ids), kept_special_ids=params.kept_special_token_ids)
+                 if self.config.detokenize else None)
         if params.structured_output is not None:
             seq.grammar = self.grammar_compiler().matcher(params.structured_output, stop_ids)
         self._requests[request_id] = _RequestState(seq, detok, stop_ids)
@@ -187,7 +188,7 @@ class Engine:
     def grammar_compiler(self) -> GrammarCompiler:
         """The engine's grammar compiler (structured output), made on first use."""
         if self._grammar_compiler is None:
-            self._grammar_compiler = GrammarCompiler(self.tokenizer.hf_tokenizer, self.model_config.vocab_size)
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
         return self._grammar_compiler
 
     def abort_request(self, request_id: str) -> None:

@@ -10,17 +10,43 @@ from __future__ import annotations
 from blockspec.structured_output import StructuredOutput, clean_error
 
 ALL_ALLOWED = -1  # an int32 word with every bit set
+# What a special token's bytes are prefixed with in the vocabulary xgrammar sees. 0xFF is never
+# part of UTF-8, and every text rule (strings, regexes, JSON) matches UTF-8 only, so a special
+# token is allowed only where a grammar names it by id (a structural tag's `token` format, e.g.
+# Kimi's tool-call markers) or as a stop token; never as the text it decodes to, which the
+# detokenizer would drop.
+SPECIAL_TOKEN_PREFIX = b"\xff"
+
+
+def tokenizer_info(tokenizer, vocab_size: int):
+    """The `xgrammar.TokenizerInfo` of a blockspec `Tokenizer` (either backend: the Kimi tiktoken
+    one has no transformers tokenizer): each id's bytes, special tokens marked as above, the
+    tokenizer's EOS ids as stop tokens. Ids past the tokenizer's are never allowed."""
+    import xgrammar as xgr
+    hf = tokenizer.hf_tokenizer
+    add_prefix_space = False
+    if hf is not None:  # transformers' vocabularies store bytes in several encodings: xgrammar's decoding
+        hf_info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size)
+        vocab, add_prefix_space = list(hf_info.decoded_vocab), hf_info.add_prefix_space
+    else:
+        vocab = tokenizer.token_bytes()
+    vocab = (vocab + [b""] * vocab_size)[:vocab_size]
+    for text, i in tokenizer.special_token_ids.items():
+        if i < vocab_size:
+            vocab[i] = SPECIAL_TOKEN_PREFIX + text.encode()
+    return xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=vocab_size,
+                             stop_token_ids=list(tokenizer.eos_token_ids) or None, add_prefix_space=add_prefix_space)
 
 
 class GrammarCompiler:
-    """Compiles specs against one vocabulary; xgrammar caches compiled grammars, so a schema
-    sent by many requests is compiled once. `vocab_size` is the model's (its logits' width):
-    ids past the tokenizer's are never allowed."""
+    """Compiles specs against one vocabulary (a blockspec `Tokenizer`'s); xgrammar caches
+    compiled grammars, so a schema sent by many requests is compiled once. `vocab_size` is the
+    model's (its logits' width): ids past the tokenizer's are never allowed."""
 
-    def __init__(self, hf_tokenizer, vocab_size: int):
+    def __init__(self, tokenizer, vocab_size: int):
         import xgrammar as xgr
         self.vocab_size = vocab_size
-        self.info = xgr.TokenizerInfo.from_huggingface(hf_tokenizer, vocab_size=vocab_size)
+        self.info = tokenizer_info(tokenizer, vocab_size)
         self.compiler = xgr.GrammarCompiler(self.info, cache_enabled=True)
 
     @property

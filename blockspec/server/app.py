@@ -34,7 +34,7 @@ from blockspec.server.openapi import install_openapi
 from blockspec.server.prepare import SAMPLING_FIELDS, Prepared, RequestPreparer
 from blockspec.server.constraints import ToolPlan
 from blockspec.server.protocol import ModelCard, ModelList
-from blockspec.server.tool_calls import ToolCallStream, tool_reply
+from blockspec.server.tool_calls import ToolCallStream
 
 logger = logging.getLogger("blockspec")
 
@@ -199,7 +199,7 @@ class _Server:
                     r.abort()
             raise _add_error(errors[0], prompt_param)
         parses = bool(prepared.tools and prepared.tools.parses_calls)
-        choices = [_Choice(i, stream, tool_stream=ToolCallStream() if parses else None)
+        choices = [_Choice(i, stream, tool_stream=prepared.tools.format.stream() if parses else None)
                    for (i, _, _), stream in zip(plan, results)]
         return _Job(response_id, int(time.time()), prompts, choices, request_id, params[0].logprobs is not None,
                     prepared.tools)
@@ -214,7 +214,7 @@ class _Server:
             message = {"role": "assistant", "content": c.text, "refusal": None}
             reason = c.final.finish_reason if c.final else None
             if c.tool_stream is not None:
-                fields, reason = tool_reply(c.text, reason)
+                fields, reason = job.tools.format.reply(c.text, reason)
                 message.update(fields)
             choices.append({"index": c.index, "message": message,
                             "logprobs": self.logprob_format.chat(c.logprobs) if job.logprobs else None,

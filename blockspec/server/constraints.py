@@ -13,20 +13,27 @@ from dataclasses import dataclass
 
 from blockspec.structured_output import JSON_OBJECT_SCHEMA, StructuredOutput
 from blockspec.server.errors import invalid_request
-from blockspec.server.tool_calls import call_grammar, tool_choice_mode
+from blockspec.server.tool_calls import ToolFormat, tool_choice_mode
 
 
 @dataclass
 class ToolPlan:
-    """tools: OpenAI tool dicts for the chat template; mode: auto | none | required | named.
-    Replies are parsed for calls unless the mode is none."""
+    """tools: OpenAI tool dicts for the chat template; mode: auto | none | required | named;
+    format: the model's tool-call format. Replies are parsed for calls unless the mode is none."""
 
     tools: list[dict]
     mode: str
+    format: ToolFormat
 
     @property
     def parses_calls(self) -> bool:
         return self.mode != "none"
+
+    @property
+    def kept_special_token_ids(self) -> tuple[int, ...]:
+        """The special tokens decoded into the reply's text: the format's markers, which the
+        parser reads (none when the reply is not parsed, so they never reach its content)."""
+        return self.format.marker_ids if self.parses_calls else ()
 
 
 def _structured(kind: str, value, field: str) -> StructuredOutput:
@@ -61,8 +68,10 @@ def response_format_constraint(body) -> StructuredOutput | None:
     return _structured(name, value, f"structured_outputs.{name}")
 
 
-def tool_plan(body, template_renders_tools: bool) -> tuple[ToolPlan | None, StructuredOutput | None]:
-    """The request's tools (None without any) and the grammar its tool_choice needs."""
+def tool_plan(body, template_renders_tools: bool, tool_format: ToolFormat) -> tuple[ToolPlan | None,
+                                                                                   StructuredOutput | None]:
+    """The request's tools (None without any) and the grammar its tool_choice needs, in the
+    model's `tool_format`."""
     choice = body.tool_choice
     if not body.tools:
         if choice is not None and choice != "none":
@@ -84,10 +93,10 @@ def tool_plan(body, template_renders_tools: bool) -> tuple[ToolPlan | None, Stru
                               f"the given tools ({', '.join(names)}).", "tool_choice")
     named = choice.model_dump() if mode == "named" else choice
     try:
-        grammar = call_grammar(tools, named, body.parallel_tool_calls)
+        grammar = tool_format.call_grammar(tools, named, body.parallel_tool_calls)
     except ValueError as e:
         raise invalid_request(str(e), "tools") from None
     if grammar is not None and response_format_constraint(body) is not None:
         raise invalid_request(f"tool_choice {mode!r} constrains the reply to tool calls; it cannot be combined "
                               "with 'response_format' or 'structured_outputs'.", "tool_choice")
-    return ToolPlan(tools, mode), grammar
+    return ToolPlan(tools, mode, tool_format), grammar

@@ -18,6 +18,7 @@ from blockspec.server.constraints import ToolPlan, response_format_constraint, t
 from blockspec.server.errors import APIError, from_validation_error, invalid_request, param_named_in
 from blockspec.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, unsupported_parameters
 from blockspec.server.tool_calls import template_messages
+from blockspec.server.tool_formats import tool_format_for
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_CHAT_MAX_TOKENS_CAP = 1024  # chat default: the remaining context, at most this
@@ -47,6 +48,7 @@ class RequestPreparer:
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.allow_special_tokens_in_content = allow_special_tokens_in_content
+        self.tool_format = tool_format_for(tokenizer)  # how this model writes tool calls
 
     def check_model(self, model: str) -> None:
         if model != self.model_name:
@@ -57,10 +59,11 @@ class RequestPreparer:
         body = parse_body(raw, ChatCompletionRequest)
         self._check_request(body)
         constraint = response_format_constraint(body)
-        tools, call_grammar = tool_plan(body, self.tokenizer.template_reads("tools"))
+        tools, call_grammar = tool_plan(body, self.tokenizer.template_reads("tools"), self.tool_format)
         prompt = self._chat_prompt(body.messages, tools.tools if tools else None)
         max_tokens, max_param = _chat_max_tokens(body, len(prompt), self.max_model_len)
-        params = _choice_params(body, max_tokens, max_param, call_grammar or constraint)
+        params = _choice_params(body, max_tokens, max_param, call_grammar or constraint,
+                                tools.kept_special_token_ids if tools else ())
         self._check_context(prompt, max_tokens, "messages")
         return Prepared(body, [prompt], params, "messages", tools)
 
@@ -169,9 +172,10 @@ def _logprobs(body) -> int | None:
     return body.logprobs
 
 
-def _choice_params(body, max_tokens: int, max_tokens_param: str,
-                   structured_output: StructuredOutput | None = None) -> list[SamplingParams]:
-    """SamplingParams of each of the n choices (seed + j for choice j)."""
+def _choice_params(body, max_tokens: int, max_tokens_param: str, structured_output: StructuredOutput | None = None,
+                   kept_special_token_ids: tuple[int, ...] = ()) -> list[SamplingParams]:
+    """SamplingParams of each of the n choices (seed + j for choice j); `kept_special_token_ids`:
+    the tool-call markers a tools request's reply keeps for the parser."""
     values = {"temperature": 1.0 if body.temperature is None else body.temperature,
               "top_p": 1.0 if body.top_p is None else body.top_p,
               "top_k": 0 if body.top_k is None else body.top_k,
@@ -180,7 +184,8 @@ def _choice_params(body, max_tokens: int, max_tokens_param: str,
               "ignore_eos": body.ignore_eos,
               "presence_penalty": body.presence_penalty or 0.0, "frequency_penalty": body.frequency_penalty or 0.0,
               "repetition_penalty": 1.0 if body.repetition_penalty is None else body.repetition_penalty,
-              "logit_bias": body.logit_bias_ids(), "logprobs": _logprobs(body)}
+              "logit_bias": body.logit_bias_ids(), "logprobs": _logprobs(body),
+              "kept_special_token_ids": kept_special_token_ids}
     seeds = [None if body.seed is None else body.seed + j for j in range(body.n)]
     if structured_output is not None and body.ignore_eos and not body.stop_token_ids:
         raise invalid_request("A constrained reply ends on a stop token: with 'ignore_eos' give 'stop_token_ids'.",

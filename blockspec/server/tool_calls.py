@@ -1,32 +1,74 @@
-"""Tool calls in the Hermes format the Qwen2.5 / Qwen3 chat templates ask for:
+"""Tool calls, whatever the model's format: the `ToolFormat` interface, the stream that turns a
+reply into OpenAI deltas (`message.tool_calls`, whole or streamed), and what every format shares
+(tool_choice modes, chat-template messages, finish reasons).
 
-    <tool_call>
-    {"name": "get_weather", "arguments": {"city": "Paris"}}
-    </tool_call>
+A format says how its calls are delimited in the decoded text (one block from `open` to
+`close`), how a block's inside becomes calls, which special tokens its markers are (kept when
+decoding, so the parser sees them) and the grammar of `tool_choice` `required` / named. Two
+formats: Hermes (`hermes_tool_calls.py`, Qwen) and Kimi K2 (`kimi_tool_calls.py`); which one a
+model uses is decided in one place, `tool_formats.py`.
 
-This file turns a request's `tools` / `tool_choice` into what the template and the engine need
-(the tools for the template, the grammar that enforces `required` or a named function) and a
-reply back into OpenAI's `message.tool_calls`, whole or streamed as deltas.
-
-A block that is not a JSON object with a string `name` and object `arguments` is not a call:
-its text stays content (only a grammar-free `auto` reply can have one).
+A block that is not calls (bad JSON, an unknown shape, never closed) is not an error: its text
+stays content (only a grammar-free `auto` reply can have one), as decoding without tools shows
+it: a format's special-token markers (`content_drops`) are never content, so a reply without
+calls has the same content whether or not it was parsed.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from blockspec.engine.stops import stop_prefix_holdback
-from blockspec.structured_output import StructuredOutput, json_schema_grammar
+from blockspec.structured_output import StructuredOutput
 
-OPEN = "<tool_call>"
-CLOSE = "</tool_call>"
-# What the grammar writes around a call's arguments (the same bytes the Qwen templates render).
-_CALL_BEGIN = OPEN + '\n{"name": "'
-_CALL_ARGS = '", "arguments": '
-_CALL_END = "}\n" + CLOSE
+# One parsed call: (id or None for a fresh one, function name, arguments as JSON text).
+Call = tuple
+
+
+class ToolFormat(ABC):
+    """How one model family writes tool calls. `open` / `close`: a block's delimiters in the
+    decoded text; `marker_ids`: special-token ids the parser must see (decoded although special
+    tokens are otherwise skipped; empty when the markers are plain text); `content_drops`: the
+    text of those markers, dropped wherever it would be content (decoding without tools skips it)."""
+
+    name: str
+    open: str
+    close: str
+    marker_ids: tuple[int, ...] = ()
+    content_drops: tuple[str, ...] = ()
+
+    @abstractmethod
+    def parse_block(self, inner: str) -> list[Call] | None:
+        """The calls of one block's inside (between `open` and `close`), None if it is not calls."""
+
+    @abstractmethod
+    def call_grammar(self, tools: list[dict], tool_choice, parallel_tool_calls: bool | None) -> StructuredOutput | None:
+        """The grammar of `tool_choice` `required` (one or more calls of the given tools, nothing
+        else; exactly one when parallel_tool_calls is false) or a named function (exactly one
+        call of it: tool_choice is then the dict {"type": "function", "function": {"name"}});
+        None for `auto` and `none`, which leave the model free. `tools` are OpenAI tool dicts."""
+
+    def stream(self) -> "ToolCallStream":
+        return ToolCallStream(self)
+
+    def parse(self, text: str) -> tuple[str | None, list[dict]]:
+        """A whole reply → (content, OpenAI tool_calls), exactly as the stream gives it; content
+        is None when the reply is only calls."""
+        stream = self.stream()
+        deltas = stream.feed(text) + stream.finish()
+        content = "".join(d["content"] for d in deltas if "content" in d)
+        return (content or None) if stream.calls else content, stream.calls
+
+    def reply(self, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
+        """A whole reply of a tools request: the message's `content` (and `tool_calls`) fields,
+        and its finish_reason."""
+        content, calls = self.parse(text)
+        if not calls:
+            return {"content": content}, finish_reason
+        return {"content": content, "tool_calls": calls}, finish_reason_with_calls(finish_reason)
 
 
 def tool_choice_mode(tool_choice) -> str:
@@ -36,28 +78,16 @@ def tool_choice_mode(tool_choice) -> str:
     return tool_choice if isinstance(tool_choice, str) else "named"
 
 
-def call_grammar(tools: list[dict], tool_choice, parallel_tool_calls: bool | None) -> StructuredOutput | None:
-    """The grammar of `tool_choice` `required` (one or more calls of the given tools, nothing
-    else; exactly one when parallel_tool_calls is false) or a named function (exactly one call of
-    it); None for `auto` and `none`, which leave the model free. `tools` are OpenAI tool dicts."""
-    mode = tool_choice_mode(tool_choice)
-    if mode in ("auto", "none"):
-        return None
-    by_name = {t["function"]["name"]: t["function"] for t in tools}
-    names = [tool_choice["function"]["name"]] if mode == "named" else list(by_name)
+def chosen_names(tools: list[dict], tool_choice) -> list[str]:
+    """The functions a `required` (all of them) or named (that one) tool_choice may call."""
+    if tool_choice_mode(tool_choice) == "named":
+        return [tool_choice["function"]["name"]]
+    return [t["function"]["name"] for t in tools]
 
-    def tag(name: str) -> dict:
-        # The arguments as every JSON blockspec generates (no free whitespace: a sampled model
-        # can spend its whole budget on it), given to the tag as the grammar's EBNF.
-        arguments = json_schema_grammar(by_name[name].get("parameters") or {"type": "object"})
-        return {"type": "tag", "begin": _CALL_BEGIN + name + _CALL_ARGS,
-                "content": {"type": "grammar", "grammar": str(arguments)}, "end": _CALL_END}
-    if mode == "named":
-        fmt = tag(names[0])
-    else:
-        fmt = {"type": "tags_with_separator", "tags": [tag(n) for n in names], "separator": "\n",
-               "at_least_one": True, "stop_after_first": parallel_tool_calls is False}
-    return StructuredOutput("structural_tag", {"type": "structural_tag", "format": fmt}, field="tools")
+
+def parameters_of(tools: list[dict]) -> dict[str, dict]:
+    """Each tool's parameters schema by name (any object when it gives none)."""
+    return {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools}
 
 
 def template_messages(messages) -> list[dict]:
@@ -86,36 +116,19 @@ def _arguments_value(arguments: str):
         return arguments  # not JSON: the template gets the text as it came
 
 
-def _parse_call(block: str) -> tuple[str, str] | None:
-    """(name, arguments JSON text) of one block's inside, or None if it is not a call."""
-    try:
-        obj = json.loads(block)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", {})
-    if isinstance(args, str):  # some models write the arguments as a JSON string
+def arguments_json(args) -> str | None:
+    """A call's arguments (a dict, or a JSON string of one: some models write that) as JSON text;
+    None if they are not an object."""
+    if isinstance(args, str):
         try:
             args = json.loads(args)
         except ValueError:
             return None
-    if not isinstance(args, dict):
-        return None
-    return obj["name"], json.dumps(args, ensure_ascii=False)
+    return json.dumps(args, ensure_ascii=False) if isinstance(args, dict) else None
 
 
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
-
-
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
-    """A whole reply → (content, OpenAI tool_calls), as `ToolCallStream` streams it; content is
-    None when the reply is only calls."""
-    stream = ToolCallStream()
-    deltas = stream.feed(text) + stream.finish()
-    content = "".join(d["content"] for d in deltas if "content" in d)
-    return (content or None) if stream.calls else content, stream.calls
 
 
 def finish_reason_with_calls(reason: str | None) -> str | None:
@@ -124,51 +137,45 @@ def finish_reason_with_calls(reason: str | None) -> str | None:
     return "tool_calls" if reason == "stop" else reason
 
 
-def tool_reply(text: str, finish_reason: str | None) -> tuple[dict, str | None]:
-    """A whole reply of a tools request: the message's `content` (and `tool_calls`) fields, and
-    its finish_reason."""
-    content, calls = parse_tool_calls(text)
-    if not calls:
-        return {"content": content}, finish_reason
-    return {"content": content, "tool_calls": calls}, finish_reason_with_calls(finish_reason)
-
-
 @dataclass
 class ToolCallStream:
-    """Streams a reply as OpenAI deltas: `{"content": ...}` for text, and for each call, once it
-    is closed, `{"tool_calls": [{index, id, type, function: {name, arguments: ""}}]}` then
-    `{"tool_calls": [{index, function: {arguments}}]}`. Content is the text outside the calls,
-    except whitespace right before a call and whitespace after the last call at the end; so
-    text that may be the start of `<tool_call>`, and trailing whitespace, are held back until
-    what follows shows what they are. Without calls the content is the reply, unchanged."""
+    """Streams a reply as OpenAI deltas: `{"content": ...}` for text, and for each call, once its
+    block is closed, `{"tool_calls": [{index, id, type, function: {name, arguments: ""}}]}` then
+    `{"tool_calls": [{index, function: {arguments}}]}`. Content is the text outside the blocks,
+    except whitespace right before a block and whitespace after the last block at the end, and
+    without the format's `content_drops`; so text that may be the start of `open` or of a
+    dropped marker, and trailing whitespace, are held back until what follows shows what they
+    are. Without calls the content is the reply as decoding without tools gives it."""
 
+    format: ToolFormat
     calls: list[dict] = field(default_factory=list)
     _buffer: str = ""          # text not yet classified
-    _in_call: bool = False
+    _in_block: bool = False
     _pending_space: str = ""   # trailing whitespace of the text so far
     _after_call: bool = False  # no content since the last call
 
     def feed(self, text: str) -> list[dict]:
         self._buffer += text
         deltas: list[dict] = []
+        open_, close = self.format.open, self.format.close
         while True:
-            if self._in_call:
-                end = self._buffer.find(CLOSE)
+            if self._in_block:
+                end = self._buffer.find(close, len(open_))
                 if end < 0:
                     return deltas
-                raw, self._buffer = self._buffer[:end + len(CLOSE)], self._buffer[end + len(CLOSE):]
-                self._in_call = False
-                parsed = _parse_call(raw[len(OPEN):end])
-                deltas += self._content(raw) if parsed is None else self._call(*parsed)
+                raw, self._buffer = self._buffer[:end + len(close)], self._buffer[end + len(close):]
+                self._in_block = False
+                calls = self.format.parse_block(raw[len(open_):end])
+                deltas += self._content(raw) if not calls else self._calls(calls)
                 continue
-            start = self._buffer.find(OPEN)
+            start = self._buffer.find(open_)
             if start < 0:
-                cut = len(self._buffer) - stop_prefix_holdback(self._buffer, [OPEN])
+                cut = len(self._buffer) - stop_prefix_holdback(self._buffer, [open_, *self.format.content_drops])
                 ready, self._buffer = self._buffer[:cut], self._buffer[cut:]
                 return deltas + self._content(ready)
             deltas += self._content(self._buffer[:start])
             self._buffer = self._buffer[start:]
-            self._in_call = True
+            self._in_block = True
 
     def step(self, text: str, finished: bool, finish_reason: str | None) -> tuple[list[dict], str | None]:
         """One engine output: its deltas (the rest of the reply too when `finished`) and the
@@ -178,7 +185,7 @@ class ToolCallStream:
 
     def finish(self) -> list[dict]:
         """The end of the reply: an unclosed block and held-back text are content."""
-        rest, self._buffer, self._in_call = self._buffer, "", False
+        rest, self._buffer, self._in_block = self._buffer, "", False
         deltas = self._content(rest)
         if self._pending_space and not self._after_call:
             deltas.append({"content": self._pending_space})
@@ -186,6 +193,8 @@ class ToolCallStream:
         return deltas
 
     def _content(self, text: str) -> list[dict]:
+        for marker in self.format.content_drops:
+            text = text.replace(marker, "")
         text = self._pending_space + text
         body = text.rstrip()
         self._pending_space = text[len(body):]
@@ -194,11 +203,15 @@ class ToolCallStream:
         self._after_call = False
         return [{"content": body}]
 
-    def _call(self, name: str, arguments: str) -> list[dict]:
+    def _calls(self, calls: list[Call]) -> list[dict]:
         self._pending_space, self._after_call = "", True
-        index = len(self.calls)
-        call = {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
-        self.calls.append(call)
-        return [{"tool_calls": [{"index": index, "id": call["id"], "type": "function",
-                                 "function": {"name": name, "arguments": ""}}]},
-                {"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}]
+        deltas = []
+        for call_id, name, arguments in calls:
+            index = len(self.calls)
+            call = {"id": call_id or new_call_id(), "type": "function",
+                    "function": {"name": name, "arguments": arguments}}
+            self.calls.append(call)
+            deltas += [{"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                        "function": {"name": name, "arguments": ""}}]},
+                       {"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}]
+        return deltas

@@ -43,7 +43,7 @@ def drafter(tiny_vocab_dir, tmp_path_factory):
 def masked_law(tiny_vocab_dir):
     hf = AutoModelForCausalLM.from_pretrained(tiny_vocab_dir, dtype=torch.float32).eval()
     vocab = hf.config.vocab_size
-    compiler = GrammarCompiler(Tokenizer.load(tiny_vocab_dir).hf_tokenizer, vocab)
+    compiler = GrammarCompiler(Tokenizer.load(tiny_vocab_dir), vocab)
     compiled = compiler.compile(GRAMMAR)
 
     def masked_logits(seqs):

@@ -25,7 +25,7 @@ def tokenizer(qwen3_dir) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def compiler(tokenizer) -> GrammarCompiler:
-    return GrammarCompiler(tokenizer.hf_tokenizer, 512)
+    return GrammarCompiler(tokenizer, 512)
 
 
 def _fresh_mask(compiler, spec, stop, prefix: list[int]) -> torch.Tensor | None:

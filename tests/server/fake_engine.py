@@ -32,6 +32,10 @@ class FakeTokenizer:
         self.eos_token_ids = [EOS_ID]
         self.has_chat_template = has_chat_template
 
+    @property
+    def special_token_ids(self) -> dict[str, int]:
+        return {t: i for i, t in enumerate(SPECIAL)}
+
     def template_reads(self, variable: str) -> bool:
         return False  # the fake template renders roles and content only (no tools)
 

@@ -6,7 +6,10 @@ import json
 
 import pytest
 
-from blockspec.server.tool_calls import ToolCallStream, call_grammar, parse_tool_calls, tool_reply
+from blockspec.server.hermes_tool_calls import HermesToolFormat
+
+HERMES = HermesToolFormat()
+parse_tool_calls, tool_reply, call_grammar = HERMES.parse, HERMES.reply, HERMES.call_grammar
 
 CALL = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
 REPLIES = {
@@ -21,7 +24,7 @@ REPLIES = {
 
 
 def _feed(text: str, size: int) -> tuple[str, list[tuple[str, str]]]:
-    stream = ToolCallStream()
+    stream = HERMES.stream()
     deltas = []
     for i in range(0, len(text), size):
         deltas += stream.feed(text[i:i + size])
@@ -56,7 +59,7 @@ def test_finish_reasons():
     assert tool_reply(CALL, "stop")[1] == "tool_calls"
     assert tool_reply(CALL, "length")[1] == "length"
     assert tool_reply("plain", "stop") == ({"content": "plain"}, "stop")
-    stream = ToolCallStream()
+    stream = HERMES.stream()
     assert stream.step(CALL[:10], False, None) == ([], None)
     deltas, reason = stream.step(CALL[10:], True, "stop")
     assert reason == "tool_calls" and len(deltas) == 2

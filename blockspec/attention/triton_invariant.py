@@ -54,7 +54,6 @@ def _invariant_attn_kernel(
     b64 = b.to(tl.int64)
     prefix = tl.load(prefix_ptr + b64 * s_pre).to(tl.int32)
     new_len = tl.load(newlen_ptr + b64 * s_new).to(tl.int32)
-    live = i < new_len
 
     g = tl.arange(0, G_PAD)
     head = kvh * G + g
@@ -62,7 +61,8 @@ def _invariant_attn_kernel(
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     q_off = b64 * s_qb + i.to(tl.int64) * s_qq + head[:, None] * s_qh + d[None, :] * s_qd
-    q = tl.load(q_ptr + q_off, mask=(g_ok & live)[:, None] & d_ok[None, :], other=0.0)
+    q_mask = (g_ok[:, None] & d_ok[None, :]) & (tl.zeros([G_PAD, BLOCK_D], tl.int32) + i < new_len)
+    q = tl.load(q_ptr + q_off, mask=q_mask, other=0.0)
 
     # Positions this query sees: [0, prefix + its depth + 1) (causal, tree) or the whole block (full).
     if MASK_MODE == 0:
@@ -71,7 +71,7 @@ def _invariant_attn_kernel(
         n_hi = prefix + new_len
     else:
         n_hi = prefix + tl.load(depth_ptr + b64 * s_db + i * s_dq).to(tl.int32) + 1
-    n_hi = tl.where(live, n_hi, 0)
+    n_hi = tl.where(i < new_len, n_hi, 0)
 
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)

@@ -34,7 +34,7 @@ MASK_MODES = {"causal": 0, "full": 1, "tree": 2}
 LOG2E = 1.4426950408889634
 # (BLOCK_N, num_warps, num_stages): one key block for every launch.
 CUDA_TILE = (64, 4, 2)
-INTERPRETER_TILE = (16, 1, 1)
+INTERPRETER_TILE = (32, 1, 1)
 
 
 @triton.jit

@@ -149,3 +149,16 @@ def test_tree_ancestors():
     anc, depth = tree_ancestors(tree_attention_mask(parents))
     assert depth[0, :6].tolist() == [0, 1, 1, 2, 2, 3]
     assert anc[0, 5, :4].tolist() == [0, 1, 3, 5] and anc[0, 4, :3].tolist() == [0, 2, 4]
+
+
+def test_backend_refuses_what_it_does_not_cover():
+    from blockspec.attention.backend import select_backend
+    from blockspec.attention.invariant_backend import BatchInvariantBackend
+    with pytest.raises(ValueError, match="batch_invariant needs attention_backend 'triton' or 'auto'"):
+        select_backend("reference", torch.device(DEVICE), batch_invariant=True)
+    backend = select_backend("auto", torch.device(DEVICE), batch_invariant=True)
+    assert isinstance(backend, BatchInvariantBackend)
+    with pytest.raises(ValueError, match="batch_invariant attention has no sliding window"):
+        backend.plan(None, None, sliding_window=8)
+    with pytest.raises(ValueError, match="batch_invariant does not cover MLA"):
+        backend.mla_forward(None, None, None, 0, None, 1.0)

@@ -26,7 +26,9 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 
-@triton.jit
+# M is not specialised (Triton would compile M == 1 and M % 16 == 0 apart): one binary per dtype
+# and layout serves every row count.
+@triton.jit(do_not_specialize=["M"])
 def _matmul_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K,
                    s_xm, s_xk, s_wn, s_wk, s_om, s_on,
                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call (≤ 4 min on one H200): what --batch-invariant buys and costs.
+# One device call (≤ 4 min on one H200; the parts' timeouts sum to 225 s): what --batch-invariant
+# buys and costs.
 #  1. greedy speculative ≡ plain (bf16, batch 16, 16 prompts), with and without the flag:
 #     the bundled pair (graphed, 64 tokens) and the random Qwen3-8B shape (eager, 32 tokens)
 #     → $OUT/equality.json (bench/batch_invariant_gpu.py);
@@ -11,12 +12,13 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+# The acceptance item first: its JSON is rewritten after each model and flag, so a timeout keeps the rest.
+timeout 110 python3 bench/batch_invariant_gpu.py --output "$OUT/equality.json" 2>&1 | grep -v Warn
 STEP="python3 -m blockspec.cli bench step --temperatures 0 --trees 32 --iters 10"
 timeout 45 $STEP --shape qwen3-8b --batches 1,16 --output "$OUT/step_8b.json" 2>&1 | grep -v Warn
-timeout 55 $STEP --shape qwen3-8b --batches 1,16 --batch-invariant --output "$OUT/step_8b_invariant.json" 2>&1 | grep -v Warn
+timeout 50 $STEP --shape qwen3-8b --batches 1,16 --batch-invariant --output "$OUT/step_8b_invariant.json" 2>&1 | grep -v Warn
 timeout 15 $STEP --shape bundled --batches 1 --output "$OUT/step_bundled.json" 2>&1 | grep -v Warn
-timeout 20 $STEP --shape bundled --batches 1 --batch-invariant --output "$OUT/step_bundled_invariant.json" 2>&1 | grep -v Warn
-timeout 100 python3 bench/batch_invariant_gpu.py --output "$OUT/equality.json" 2>&1 | grep -v Warn
+timeout 15 $STEP --shape bundled --batches 1 --batch-invariant --output "$OUT/step_bundled_invariant.json" 2>&1 | grep -v Warn
 python3 - "$OUT" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1]); summary = {}

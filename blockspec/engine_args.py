@@ -86,6 +86,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, model_required: boo
                    help="keep RMSNorm, RoPE and SwiGLU as eager PyTorch on CUDA")
     g.add_argument("--disable-overlap-schedule", action="store_true",
                    help="read each decode step's result before launching the next (no CPU/GPU overlap)")
+    g.add_argument("--batch-invariant", action="store_true",
+                   help="fixed-order GEMM, attention and RMSNorm kernels: a position's logits do not depend on "
+                        "the verify width or the batch (greedy speculative = plain; costs speed; CUDA, dense GQA "
+                        "models only; docs/batch_invariance.md)")
     g.add_argument("--cuda-graph-max-bs", type=positive_int, default=None,
                    help=f"largest batch captured in a CUDA graph (default: {_engine_default('cuda_graph_max_bs')})")
     return g
@@ -100,6 +104,9 @@ def engine_settings_from_args(args: argparse.Namespace) -> dict:
             continue
         if f.name in ("cuda_graph", "fused_ops", "overlap_schedule"):
             settings[f.name] = not getattr(args, f"disable_{f.name}")
+            continue
+        if f.name == "batch_invariant":
+            settings[f.name] = bool(getattr(args, "batch_invariant", False))
             continue
         dest = next((d for d, field in RENAMED.items() if field == f.name), f.name)
         value = getattr(args, dest)

@@ -41,6 +41,7 @@ EVERY_FLAG = {
     "--disable-cuda-graph": (None, "cuda_graph", False),
     "--disable-fused-ops": (None, "fused_ops", False),
     "--disable-overlap-schedule": (None, "overlap_schedule", False),
+    "--batch-invariant": (None, "batch_invariant", True),
     "--cuda-graph-max-bs": ("16", "cuda_graph_max_bs", 16),
 }
 
@@ -166,3 +167,16 @@ def test_bench_tools_get_the_other_engine_settings():
     plain = spec_args.plain_config()
     assert (plain.spec, plain.draft_model, plain.tree_budget, plain.spec_verify, plain.page_size) == \
         ("none", None, None, "auto", 32)
+
+
+def test_batch_invariant_config_refuses_what_it_cannot_honour(monkeypatch):
+    from blockspec.engine.config import EngineConfig
+    with pytest.raises(ValueError, match="batch_invariant needs attention_backend"):
+        EngineConfig(model="x", batch_invariant=True, attention_backend="reference").validate()
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="batch_invariant needs a CUDA device"):
+        EngineConfig(model="x", device="cpu", batch_invariant=True).validate()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match="batch_invariant under Triton's interpreter needs float32"):
+        EngineConfig(model="x", device="cpu", dtype="bfloat16", batch_invariant=True).validate()
+    EngineConfig(model="x", device="cpu", batch_invariant=True).validate()

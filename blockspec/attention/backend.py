@@ -51,10 +51,24 @@ class AttentionBackend:
         raise NotImplementedError
 
 
-def select_backend(name: str, device: torch.device) -> AttentionBackend:
+def select_backend(name: str, device: torch.device, batch_invariant: bool = False) -> AttentionBackend:
     """"auto" is Triton on CUDA and the reference elsewhere; asking for Triton without CUDA (or
-    without triton installed) is refused, never silently replaced."""
+    without triton installed) is refused, never silently replaced. `batch_invariant`: the
+    fixed-order Triton kernel (attention/invariant_backend.py), on CUDA or under the
+    interpreter; with the reference backend it is refused."""
     from blockspec.attention.reference import ReferenceBackend
+    if batch_invariant:
+        if name not in ("auto", "triton"):
+            raise ValueError(f"batch_invariant needs attention_backend 'triton' or 'auto', got {name!r} "
+                             "(the reference's SDPA is not batch-invariant)")
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"batch_invariant needs a CUDA device (got {device}); the CPU runs its kernels "
+                             "only under Triton's interpreter (TRITON_INTERPRET=1, tests)")
+        try:
+            from blockspec.attention.invariant_backend import BatchInvariantBackend
+        except ImportError as e:
+            raise ValueError(f"batch_invariant attention is unavailable: {e}") from None
+        return BatchInvariantBackend()
     if name == "auto":
         name = "triton" if device.type == "cuda" else "reference"
     if name == "reference":

@@ -311,6 +311,7 @@ class StepBenchConfig:
     capture_all: bool = False       # also time the engine's whole decode capture (every bucket ≤ max batch)
     profile: bool = False           # kernel table of the batch-1 decode and verify steps (eager)
     attention_backend: str = "auto"
+    batch_invariant: bool = False   # the target on the batch-invariant kernels (docs/batch_invariance.md)
     attention_contexts: list[int] = field(default_factory=lambda: [4096, 32768])   # MoE slices: MLA alone
     output: str | None = None
 
@@ -321,9 +322,14 @@ def run_step_bench(cfg: StepBenchConfig, log=print) -> dict:
         return run_moe_slice_bench(cfg, log)
     from blockspec.models.loader import parse_device, parse_dtype
     device, dtype = parse_device(cfg.device), parse_dtype(cfg.dtype)
-    backend = select_backend(cfg.attention_backend, device)
+    backend = select_backend(cfg.attention_backend, device, cfg.batch_invariant)
     raw = shape_config(cfg.shape)
     model = random_target(raw, dtype, device, backend)
+    if cfg.batch_invariant:
+        # As the engine does: the target's layers (the drafter stays as it is, its drafts only
+        # steer what the target verifies).
+        from blockspec.layers.batch_invariant import make_batch_invariant
+        make_batch_invariant(model, allow_interpreter=True)
     mcfg = model.config
     bandwidth = copy_bandwidth(device)
     weights = weight_bytes(model)
@@ -332,7 +338,7 @@ def run_step_bench(cfg: StepBenchConfig, log=print) -> dict:
     drafter = random_drafter(dcfg, dtype, device, backend)
     drafter_bytes = weight_bytes(drafter) + model.lm_head.weight.numel() * model.lm_head.weight.element_size()
     log(f"shape {cfg.shape}: weights {weights / 1e9:.2f} GB, copy bandwidth {bandwidth / 1e12:.2f} TB/s, "
-        f"backend {backend.name}, graphs {cfg.graphs and device.type == 'cuda'}")
+        f"backend {backend.name}, graphs {cfg.graphs and device.type == 'cuda'}, batch-invariant {cfg.batch_invariant}")
 
     def floor_ms(nbytes: float) -> float:
         return nbytes / bandwidth * 1e3

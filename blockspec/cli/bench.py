@@ -131,6 +131,8 @@ def _add_step(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iters", type=int, default=20, help="timed steps per figure")
     p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
     p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="the target on the batch-invariant kernels (fixed-tile GEMM, attention, RMSNorm): their cost")
     p.add_argument("--profile", action="store_true", help="kernel table of the batch-1 steps (CUDA)")
     p.add_argument("--capture-all", action="store_true",
                    help="also time capturing every CUDA-graph bucket up to the largest batch (plain decode)")
@@ -150,7 +152,8 @@ def cmd_bench_step(args) -> int:
                           trees=_positive_ints(args.trees, "--trees"), drafter_layers=args.drafter_layers,
                           block_size=args.block_size, temperatures=_temperatures(args.temperatures, "--temperatures"),
                           iters=args.iters, graphs=not args.disable_cuda_graph,
-                          attention_backend=args.attention_backend, profile=args.profile, capture_all=args.capture_all,
+                          attention_backend=args.attention_backend, batch_invariant=args.batch_invariant,
+                          profile=args.profile, capture_all=args.capture_all,
                           attention_contexts=_positive_ints(args.attention_contexts, "--attention-contexts"),
                           output=args.output)
     run_step_bench(cfg)

@@ -34,6 +34,8 @@ class EngineConfig:
     cuda_graph_max_bs: int = 64        # largest captured batch; larger batches run eager (logged)
     fused_ops: bool = True             # fused Triton RMSNorm/RoPE/SwiGLU on CUDA, if equal to eager (checked)
     overlap_schedule: bool = True      # CUDA graphs + drafting on the device: launch step N+1 before reading N
+    batch_invariant: bool = False      # fixed-order GEMM/attention/RMSNorm: a position's logits independent
+                                       # of verify width and batch (docs/batch_invariance.md)
 
     def verify_rule(self) -> str:
         """The rule sampled rows are verified by. "auto" takes the one that accepts most: rejection
@@ -63,4 +65,9 @@ class EngineConfig:
         if self.cuda_graph_max_bs < 1:
             raise ValueError("cuda_graph_max_bs must be positive")
         parse_dtype(self.dtype)
-        parse_device(self.device)
+        device = parse_device(self.device)
+        if self.batch_invariant:
+            if self.attention_backend == "reference":
+                raise ValueError("batch_invariant needs attention_backend 'triton' or 'auto', got 'reference'")
+            from blockspec.layers.batch_invariant import check_batch_invariant_device
+            check_batch_invariant_device(device, parse_dtype(self.dtype), allow_interpreter=True)

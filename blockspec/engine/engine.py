@@ -67,11 +67,17 @@ class Engine:
         config.validate()
         self.config = config
         self.device = parse_device(config.device)
-        self.attention_backend = select_backend(config.attention_backend, self.device)
+        self.attention_backend = select_backend(config.attention_backend, self.device, config.batch_invariant)
         self.model_config = load_config(config.model)
         self.model = load_target(config.model, config.dtype, self.device, self.attention_backend)
         if self.device.type == "cuda":
             prepare_for_cuda(self.model, config.fused_ops)
+        if config.batch_invariant:
+            # After the merged projections exist, before any graph capture (docs/batch_invariance.md).
+            from blockspec.layers.batch_invariant import make_batch_invariant
+            switched = make_batch_invariant(self.model, allow_interpreter=True)
+            log.info("batch-invariant kernels: %d linear/RMSNorm layers, attention %s", switched,
+                     self.attention_backend.name)
         self.tokenizer = Tokenizer.load(config.model)
         self.model_name = Path(config.model).name
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings

@@ -61,3 +61,14 @@ def test_bench_step_kimi_slice_tiny_cpu(tmp_path, capsys):
     assert one["experts_hit"] == 4 < three["experts_hit"] <= 12                 # top-4 of 16, rows apart
     assert three["routed_experts_hit"] == three["experts_hit"] * one["per_expert"]
     assert "mla attention ctx" in capsys.readouterr().out
+
+
+def test_bench_step_batch_invariant_flag_reaches_the_config(monkeypatch):
+    """`--batch-invariant` is passed to the bench (whose model build then switches the target;
+    the GPU run is bench/batch_invariant_gpu.sh)."""
+    import blockspec.bench.step as step
+    seen = []
+    monkeypatch.setattr(step, "run_step_bench", lambda cfg: seen.append(cfg))
+    assert main(["bench", "step", "--shape", "tiny", "--device", "cpu", "--batch-invariant"]) == 0
+    assert main(["bench", "step", "--shape", "tiny", "--device", "cpu"]) == 0
+    assert [c.batch_invariant for c in seen] == [True, False]

@@ -29,8 +29,10 @@ def drafter(qwen3_dir, tmp_path_factory):
 def test_topk1_tree_equals_linear_dflash(qwen3_dir, drafter, budget):
     prompts = prompts_for(512, [6, 13, 21], seed=7)
     sampled = SamplingParams(temperature=0.8, max_tokens=32, seed=5, ignore_eos=True)
-    chain = LLM(model=qwen3_dir, spec="dflash", draft_model=drafter, block_size=budget + 1)
-    tree = LLM(model=qwen3_dir, spec="ddtree", draft_model=drafter, block_size=budget + 1, budget=budget, topk=1)
+    # Target-only verification: a top-1 tree's one child per node is the chain's argmax draft.
+    chain = LLM(model=qwen3_dir, spec="dflash", draft_model=drafter, block_size=budget + 1, spec_verify="target-only")
+    tree = LLM(model=qwen3_dir, spec="ddtree", draft_model=drafter, block_size=budget + 1, budget=budget, topk=1,
+               spec_verify="target-only")
     for params in (GREEDY, sampled):
         a, b = chain.generate(prompts, params), tree.generate(prompts, params)
         for x, y in zip(a, b):
@@ -60,7 +62,8 @@ def tiny_drafter(tiny_vocab_dir, tmp_path_factory):
 
 
 def tree_llm(model, drafter, budget):
-    return exact_law_llm(model, 28, spec="ddtree", draft_model=drafter, budget=budget)
+    """Target-only trees (the walk the negative control breaks; sampled trees: test_sampled_tree_engine.py)."""
+    return exact_law_llm(model, 28, spec="ddtree", draft_model=drafter, budget=budget, spec_verify="target-only")
 
 
 @pytest.mark.parametrize("budget, setting", [(4, "t13_topp_minp"), (8, "t1"), (16, "t07_topk5")])

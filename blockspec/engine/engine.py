@@ -112,7 +112,10 @@ class Engine:
             self.proposer.load(self.model, num_pages, config.page_size, self.attention_backend)
         capture = self.proposer.target_layer_ids if self.proposer else ()
         self.runner = ModelRunner(self.model, self.cache, self.device, tuple(capture))
-        self.spec_step = SpeculativeStep(self.proposer, config.verify_rule())
+        # "auto" follows the proposer in hand: one given to the engine (tests, tools) may draw no q.
+        self.verify_rule = (config.spec_verify if config.spec_verify != "auto" else
+                            "rejection" if getattr(self.proposer, "sample_drafts", False) else "target-only")
+        self.spec_step = SpeculativeStep(self.proposer, self.verify_rule)
         # Per-position transforms of the target's logits (docs/logits_processing.md); a step runs
         # the ones its requests ask for. The grammar's mask comes last: nothing after it may lift
         # a forbidden token off −inf.
@@ -156,7 +159,7 @@ class Engine:
         """What `spec_decoding.verify` reports for a request with these params."""
         if self.spec_algorithm == "none":
             return "none"
-        return "greedy" if params.greedy else self.config.verify_rule()
+        return "greedy" if params.greedy else self.verify_rule
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         if request_id in self._requests:

@@ -59,7 +59,7 @@ def over_accepting_verify_tree(target_probs, node_tokens, parents, uniforms):
 def test_a_lossy_verifier_fails(tiny_vocab_dir, drafter, tmp_path, monkeypatch):
     monkeypatch.setattr(step_module, "verify_tree", over_accepting_verify_tree)
     code, report = run_check(tiny_vocab_dir, drafter, tmp_path, "--num-samples", "4000", "--num-tokens", "2",
-                             "--temperature", "1.0")
+                             "--temperature", "1.0", "--spec-verify", "target-only")   # the rule it breaks
     assert code == 1
     assert report["settings"][0]["test"]["p_value"] < report["alpha"]
     assert report["verdict"].startswith("FAIL: speculative samples do not follow")

@@ -30,8 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-MASK_MODES = {"causal": 0, "full": 1, "tree": 2}
-LOG2E = 1.4426950408889634
+from blockspec.attention.triton_paged import LOG2E, MASK_MODES, check_paged_args
 # (BLOCK_N, num_warps, num_stages): one key block for every launch.
 CUDA_TILE = (64, 4, 2)
 INTERPRETER_TILE = (32, 1, 1)
@@ -130,14 +129,7 @@ def invariant_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     = `tree_ancestors(new_mask)`. The new tokens' K/V must be in the cache. Padded queries
     (i ≥ new_len) give zeros.
     """
-    if mask_mode not in MASK_MODES:
-        raise ValueError(f"mask_mode must be one of {sorted(MASK_MODES)}, got {mask_mode!r}")
-    B, Q, HQ, D = q.shape
-    HKV = k_cache.shape[1]
-    if HQ % HKV:
-        raise ValueError(f"{HQ} query heads are not a multiple of {HKV} K/V heads")
-    if k_cache.shape[2] != D or v_cache.shape != k_cache.shape:
-        raise ValueError("k_cache/v_cache must be [slots, Hkv, D] with q's head_dim")
+    B, Q, HQ, D, HKV = check_paged_args(q, k_cache, v_cache, mask_mode)
     mode = MASK_MODES[mask_mode]
     if mode == 2:
         if ancestors is None:
@@ -166,4 +158,4 @@ def invariant_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     return out
 
 
-__all__ = ["invariant_attention", "tree_ancestors", "MASK_MODES", "CUDA_TILE", "INTERPRETER_TILE"]
+__all__ = ["invariant_attention", "tree_ancestors", "CUDA_TILE", "INTERPRETER_TILE"]

@@ -258,6 +258,20 @@ def choose_num_splits(batch: int, kv_heads: int, q_tiles: int, max_keys: int, q_
     return int(max(1, min(want, max_keys // 256, 64)))
 
 
+def check_paged_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     mask_mode: str) -> tuple[int, int, int, int, int]:
+    """The shape checks every paged-attention kernel shares; returns B, Q, Hq, D, Hkv."""
+    if mask_mode not in MASK_MODES:
+        raise ValueError(f"mask_mode must be one of {sorted(MASK_MODES)}, got {mask_mode!r}")
+    B, Q, HQ, D = q.shape
+    HKV = k_cache.shape[1]
+    if HQ % HKV:
+        raise ValueError(f"{HQ} query heads are not a multiple of {HKV} K/V heads")
+    if k_cache.shape[2] != D or v_cache.shape != k_cache.shape:
+        raise ValueError("k_cache/v_cache must be [slots, Hkv, D] with q's head_dim")
+    return B, Q, HQ, D, HKV
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     page_table: torch.Tensor, prefix_lens: torch.Tensor, new_lens: torch.Tensor,
                     scale: float, page_size: int, mask_mode: str, new_mask: torch.Tensor | None = None,
@@ -269,14 +283,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     "tree" (`new_mask [B, Q, Q]` bool). With `sliding_window`, `positions [B, Q]` gives the new
     tokens' positions; cached key j sits at position j. Padded queries (i ≥ new_len) give zeros.
     """
-    if mask_mode not in MASK_MODES:
-        raise ValueError(f"mask_mode must be one of {sorted(MASK_MODES)}, got {mask_mode!r}")
-    B, Q, HQ, D = q.shape
-    HKV = k_cache.shape[1]
-    if HQ % HKV:
-        raise ValueError(f"{HQ} query heads are not a multiple of {HKV} K/V heads")
-    if k_cache.shape[2] != D or v_cache.shape != k_cache.shape:
-        raise ValueError("k_cache/v_cache must be [slots, Hkv, D] with q's head_dim")
+    B, Q, HQ, D, HKV = check_paged_args(q, k_cache, v_cache, mask_mode)
     G = HQ // HKV
     g_pad = triton.next_power_of_2(G)
     on_cuda = q.device.type == "cuda"

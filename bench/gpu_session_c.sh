@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The session's last device call (≤ 9 min): after merging spec_verify 'auto', --batch-invariant,
+# adaptive speculation and the MLA defaults —
+#  1. the CUDA tests of every kernel and the graphed engine (sampled rows now verified by
+#     rejection sampling inside the graphs), the batch-invariant kernels and the adaptive graphs;
+#  2. the exact-law lossless tests with the engine on the GPU;
+#  3. what --batch-invariant buys and costs (bench/batch_invariant_gpu.sh);
+#  4. adaptive against static configurations at concurrency 1..64 (bench/adaptive_gpu.sh).
+# Usage on the device machine, from the repo root:  bash bench/gpu_session_c.sh
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+CUDA_TESTS="tests/attention tests/layers tests/engine/test_cuda_graphs.py tests/engine/test_overlap.py
+ tests/engine/test_prefill_graphs.py tests/engine/test_batch_invariant_engine.py ${ADAPTIVE_TESTS:-}"
+timeout 200 python3 -m pytest -q -p no:cacheprovider -x $CUDA_TESTS 2>&1 | tail -12 | tee "$OUT/log.txt"
+BLOCKSPEC_TEST_DEVICE=cuda timeout 80 python3 -m pytest -q -p no:cacheprovider tests/test_lossless.py \
+    -k matches_exact_law 2>&1 | tail -3 | tee -a "$OUT/log.txt"
+mkdir -p "$OUT/invariant" "$OUT/adaptive"
+OUT=$OUT/invariant bash bench/batch_invariant_gpu.sh > "$OUT/invariant/log.txt" 2>&1; tail -5 "$OUT/invariant/log.txt"
+[ -f bench/adaptive_gpu.sh ] && OUT=$OUT/adaptive timeout 170 bash bench/adaptive_gpu.sh > "$OUT/adaptive/log.txt" 2>&1
+tail -20 "$OUT/adaptive/log.txt" 2>/dev/null
+# At most 8 files come back: the parts' outputs travel as one tar (unpack: tar -xf all.tar).
+tar -cf "$OUT/all.tar" -C "$OUT" invariant adaptive && rm -rf "$OUT/invariant" "$OUT/adaptive"

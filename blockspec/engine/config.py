@@ -34,6 +34,8 @@ class EngineConfig:
     cuda_graph_max_bs: int = 64        # largest captured batch; larger batches run eager (logged)
     fused_ops: bool = True             # fused Triton RMSNorm/RoPE/SwiGLU on CUDA, if equal to eager (checked)
     overlap_schedule: bool = True      # CUDA graphs + drafting on the device: launch step N+1 before reading N
+    tensor_parallel_size: int = 1      # ranks the target is sharded over (docs/parallelism.md)
+    expert_parallel: bool = False      # with tensor_parallel_size > 1: whole experts per rank, not split experts
 
     def validate(self) -> None:
         if self.spec not in SPEC_ALGORITHMS:
@@ -53,4 +55,12 @@ class EngineConfig:
         if self.cuda_graph_max_bs < 1:
             raise ValueError("cuda_graph_max_bs must be positive")
         parse_dtype(self.dtype)
-        parse_device(self.device)
+        device = parse_device(self.device)
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be positive, got {self.tensor_parallel_size}")
+        if self.expert_parallel and self.tensor_parallel_size == 1:
+            raise ValueError("expert_parallel needs tensor_parallel_size > 1")
+        if self.tensor_parallel_size > 1 and device.type == "cuda" and self.cuda_graph:
+            raise ValueError("cuda_graph: CUDA graphs are not captured with tensor_parallel_size > 1 "
+                             "(each step's inputs are broadcast from the host); pass --disable-cuda-graph "
+                             "(cuda_graph=False)")

@@ -69,9 +69,19 @@ class Engine:
         self.device = parse_device(config.device)
         self.attention_backend = select_backend(config.attention_backend, self.device)
         self.model_config = load_config(config.model)
-        self.model = load_target(config.model, config.dtype, self.device, self.attention_backend)
+        self.parallel = config.tensor_parallel_size > 1
+        if self.parallel:   # rank 0's view of the sharded target; the other ranks are worker processes
+            from blockspec.parallel.workers import start_tensor_parallel
+            self.model = start_tensor_parallel(config.model, config.dtype, self.device, config.attention_backend,
+                                               self.attention_backend, config.tensor_parallel_size,
+                                               config.expert_parallel)
+        else:
+            self.model = load_target(config.model, config.dtype, self.device, self.attention_backend)
         if self.device.type == "cuda":
-            prepare_for_cuda(self.model, config.fused_ops)
+            if self.parallel:
+                self.model.prepare_for_cuda(config.fused_ops)
+            else:
+                prepare_for_cuda(self.model, config.fused_ops)
         self.tokenizer = Tokenizer.load(config.model)
         self.model_name = Path(config.model).name
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
@@ -98,7 +108,8 @@ class Engine:
         self.page_tables = PageTableStore(config.max_running_requests,
                                           -(-(self.max_model_len + self.reserved_lookahead) // config.page_size))
         spec = self.model.cache_spec
-        self.cache = spec.allocate(num_pages, config.page_size, parse_dtype(config.dtype), self.device)
+        allocate = self.model.allocate_cache if self.parallel else spec.allocate
+        self.cache = allocate(num_pages, config.page_size, parse_dtype(config.dtype), self.device)
         self.kv_bytes_per_token = spec.bytes_per_token(parse_dtype(config.dtype))
         log.info("K/V cache: %s, %d bytes per token (%s), %d tokens", type(spec).__name__, self.kv_bytes_per_token,
                  config.dtype, (num_pages - 1) * config.page_size)
@@ -133,6 +144,11 @@ class Engine:
         self.eos_ids = set(self.tokenizer.eos_token_ids) | set(self.model_config.eos_token_ids)
         self._requests: dict[str, _RequestState] = {}
         self._arrivals = 0
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent); the engine is unusable after."""
+        if self.parallel:
+            self.model.close()
 
     def capture_graphs(self):
         """CUDA graphs of the decode step (plain decoding is a verify of width 1)."""

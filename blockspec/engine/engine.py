@@ -62,22 +62,30 @@ class _RequestState:
 class Engine:
     """Synchronous engine; one thread drives it (the server wraps it in a background thread)."""
 
-    def __init__(self, config: EngineConfig, proposer=None):
-        """`proposer` overrides the one `config.spec` names (custom drafters, tests)."""
+    def __init__(self, config: EngineConfig, proposer=None, target=None):
+        """`proposer` overrides the one `config.spec` names (custom drafters, tests). `target`: a
+        target already loaded for this config (tests share one tensor-parallel target between
+        engines: `blockspec.parallel.workers.start_tensor_parallel`); its owner closes it."""
         config.validate()
         self.config = config
         self.device = parse_device(config.device)
         self.attention_backend = select_backend(config.attention_backend, self.device)
         self.model_config = load_config(config.model)
         self.parallel = config.tensor_parallel_size > 1
-        if self.parallel:   # rank 0's view of the sharded target; the other ranks are worker processes
+        self.owns_target = target is None
+        if target is not None:
+            if self.parallel and getattr(target, "size", 1) != config.tensor_parallel_size:
+                raise ValueError(f"tensor_parallel_size is {config.tensor_parallel_size} but the given target "
+                                 f"has {getattr(target, 'size', 1)} ranks")
+            self.model = target
+        elif self.parallel:   # rank 0's view of the sharded target; the other ranks are worker processes
             from blockspec.parallel.workers import start_tensor_parallel
             self.model = start_tensor_parallel(config.model, config.dtype, self.device, config.attention_backend,
                                                self.attention_backend, config.tensor_parallel_size,
                                                config.expert_parallel)
         else:
             self.model = load_target(config.model, config.dtype, self.device, self.attention_backend)
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and self.owns_target:
             if self.parallel:
                 self.model.prepare_for_cuda(config.fused_ops)
             else:
@@ -147,8 +155,12 @@ class Engine:
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (idempotent); the engine is unusable after."""
-        if self.parallel:
+        if not self.parallel:
+            return
+        if self.owns_target:
             self.model.close()
+        else:
+            self.model.free_cache(self.cache)
 
     def capture_graphs(self):
         """CUDA graphs of the decode step (plain decoding is a verify of width 1)."""

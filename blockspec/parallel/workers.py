@@ -73,10 +73,13 @@ def serve(shard: nn.Module, channel: Channel, device: torch.device) -> None:
         elif command == "logits":
             shard.logits(*args)
         elif command == "allocate_cache":
-            num_pages, page_size, dtype = args
-            refs["cache"] = shard_cache_spec(shard).allocate(num_pages, page_size, dtype, device)
+            name, num_pages, page_size, dtype = args
+            refs[name] = shard_cache_spec(shard).allocate(num_pages, page_size, dtype, device)
+        elif command == "free_cache":
+            refs.pop(args[0], None)
         elif command == "move":
-            refs["cache"].move(*args)
+            cache, src, dst = args
+            cache.move(src, dst)
         elif command == "prepare_for_cuda":
             from blockspec.models.fast_path import prepare_for_cuda
             prepare_for_cuda(shard, *args)
@@ -114,11 +117,11 @@ class ShardedCache:
     """Rank 0's K/V cache of a tensor-parallel target: its own shard (`local`), whose
     compaction (`move`) every rank repeats on its own. Other attributes are the local cache's."""
 
-    def __init__(self, local, target: "TensorParallelTarget"):
-        self.local, self._target = local, target
+    def __init__(self, local, name: str, target: "TensorParallelTarget"):
+        self.local, self.name, self._target = local, name, target
 
     def move(self, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
-        self._target._broadcast("move", src_slots, dst_slots)
+        self._target._broadcast("move", Ref(self.name), src_slots, dst_slots)
         self.local.move(src_slots, dst_slots)
 
     def __getattr__(self, name):
@@ -136,6 +139,7 @@ class TensorParallelTarget(nn.Module):
         self.config = shard.config
         self.lm_head = shard.lm_head          # its weight's dtype / device are the serving ones
         self._channel, self._workers = channel, workers
+        self._caches = 0
         self._finalizer = weakref.finalize(self, workers.stop)
 
     @property
@@ -156,7 +160,7 @@ class TensorParallelTarget(nn.Module):
         self._channel.send(command, *args)
 
     def forward(self, input_ids, positions, cache: ShardedCache, batch, capture_layers: tuple[int, ...] = ()):
-        self._broadcast("forward", input_ids, positions, Ref("cache"), batch, tuple(capture_layers))
+        self._broadcast("forward", input_ids, positions, Ref(cache.name), batch, tuple(capture_layers))
         return self.shard(input_ids, positions, cache.local, batch, capture_layers)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -168,9 +172,16 @@ class TensorParallelTarget(nn.Module):
         return self.shard.logits(hidden)
 
     def allocate_cache(self, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device) -> ShardedCache:
-        """Every rank allocates its shard of the cache (the same pages, its own heads)."""
-        self._broadcast("allocate_cache", num_pages, page_size, dtype)
-        return ShardedCache(self.cache_spec.allocate(num_pages, page_size, dtype, device), self)
+        """Every rank allocates its shard of the cache (the same pages, its own heads). Several
+        caches may live at once (engines sharing one target); `free_cache` drops one."""
+        self._caches += 1
+        name = f"cache{self._caches}"
+        self._broadcast("allocate_cache", name, num_pages, page_size, dtype)
+        return ShardedCache(self.cache_spec.allocate(num_pages, page_size, dtype, device), name, self)
+
+    def free_cache(self, cache: ShardedCache) -> None:
+        if not self._workers.stopped:
+            self._broadcast("free_cache", cache.name)
 
     def prepare_for_cuda(self, fused_ops: bool) -> None:
         """`models.fast_path.prepare_for_cuda` on every rank at once (its probes are collective)."""

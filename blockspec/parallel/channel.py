@@ -1,8 +1,9 @@
 """Rank 0's commands to the other ranks: one broadcast message per call.
 
-A message is `(command, args)`. Its tensors travel as tensors (one broadcast each, on the
-group's device: gloo on CPU, NCCL on CUDA), everything else (ints, tuples, dataclasses such as
-`AttentionBatch`, with their tensors pulled out) as pickled bytes; an object rank 0 names with
+A message is `(command, args)`, pickled (ints, tuples, dataclasses such as `AttentionBatch`).
+On CUDA its tensors are pulled out and travel as tensors (one NCCL broadcast each, device to
+device); on the CPU they stay in the pickled bytes, so a message is two gloo broadcasts (its
+length, its bytes) whatever it holds; an object rank 0 names with
 `ref` (its K/V cache) arrives as the receiving rank's own object of that name.
 """
 
@@ -24,12 +25,12 @@ class Ref:
 
 
 class _Pickler(pickle.Pickler):
-    def __init__(self, buffer, tensors: list):
+    def __init__(self, buffer, tensors: list, inline_tensors: bool):
         super().__init__(buffer, protocol=pickle.HIGHEST_PROTOCOL)
-        self.tensors = tensors
+        self.tensors, self.inline_tensors = tensors, inline_tensors
 
     def persistent_id(self, obj):
-        if isinstance(obj, torch.Tensor):
+        if isinstance(obj, torch.Tensor) and not self.inline_tensors:
             self.tensors.append(obj)
             return ("tensor", len(self.tensors) - 1)
         if isinstance(obj, Ref):
@@ -59,7 +60,7 @@ class Channel:
 
     def send(self, command: str, *args) -> None:
         buffer, tensors = io.BytesIO(), []
-        _Pickler(buffer, tensors).dump((command, args))
+        _Pickler(buffer, tensors, self.group.device.type == "cpu").dump((command, args))
         tensors = [t.detach().contiguous() for t in tensors]
         header = pickle.dumps((buffer.getvalue(), [(tuple(t.shape), t.dtype) for t in tensors]))
         data = torch.frombuffer(bytearray(header), dtype=torch.uint8).to(self.group.device)

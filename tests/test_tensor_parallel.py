@@ -27,13 +27,15 @@ from blockspec.parallel.workers import start_tensor_parallel
 from blockspec.sampling import SamplingParams
 from dflash_fixtures import write_dflash_drafter
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-SAMPLED = [SamplingParams(temperature=0.9, top_p=0.95, max_tokens=10, ignore_eos=True, seed=s) for s in (1, 2)]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+SAMPLED = [SamplingParams(temperature=0.9, top_p=0.95, max_tokens=8, ignore_eos=True, seed=s) for s in (1, 2)]
 PROMPTS = [[5, 17, 99, 3, 250, 41], [300, 12, 7]]
 TARGETS = [("qwen3_dir", 2, False), ("qwen3_dir", 4, False), ("deepseek_dir", 2, True),
            ("deepseek_dir", 4, False), ("qwen3_moe_dir", 2, True)]
 # Speculative equality runs on these (the others check plain greedy and sampled outputs).
-SPEC_TARGETS = {("qwen3_dir", 2): "all", ("deepseek_dir", 4): "ddtree"}
+# (4 ranks on a shared 2-core machine are slow: each collective waits for all four processes.)
+SPEC_TARGETS = {("qwen3_dir", 2): (1, 2, 3), ("qwen3_dir", 4): (2,), ("deepseek_dir", 2): (2,),
+                ("qwen3_moe_dir", 2): (1,)}
 
 
 @pytest.fixture(scope="module")

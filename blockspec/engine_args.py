@@ -92,6 +92,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, model_required: boo
                         "models only; docs/batch_invariance.md)")
     g.add_argument("--cuda-graph-max-bs", type=positive_int, default=None,
                    help=f"largest batch captured in a CUDA graph (default: {_engine_default('cuda_graph_max_bs')})")
+    g.add_argument("--tensor-parallel-size", "--tp", dest="tensor_parallel_size", type=positive_int, default=None,
+                   help="shard the target over N ranks: GPUs (NCCL) or CPU processes (gloo) "
+                        f"(default: {_engine_default('tensor_parallel_size')})")
+    g.add_argument("--expert-parallel", action="store_true", default=None,
+                   help="with --tensor-parallel-size: each rank holds whole experts instead of a slice of every expert")
     return g
 
 

@@ -32,7 +32,9 @@ class LLM:
     """All prompts of one `generate` call run together as one continuously batched set.
 
     `LLM(model=None, **settings)`: the settings are `engine_config`'s (EngineConfig fields, with
-    budget / topk for DDTree), e.g. dtype, device, draft_model, spec, block_size, spec_verify.
+    budget / topk for DDTree), e.g. dtype, device, draft_model, spec, block_size, spec_verify,
+    tensor_parallel_size. With worker processes (tensor_parallel_size > 1) call `close()` or use
+    `with LLM(...) as llm:`.
     """
 
     def __init__(self, model: str | None = None, **settings):
@@ -51,6 +53,16 @@ class LLM:
         llm = cls.__new__(cls)
         llm.engine, llm.tokenizer, llm._counter = engine, engine.tokenizer, 0
         return llm
+
+    def close(self) -> None:
+        """Release the engine's worker processes (tensor parallelism); idempotent."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  ) -> list[RequestOutput]:

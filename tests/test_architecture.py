@@ -111,6 +111,7 @@ FORBIDDEN = {
     "models": {"engine", "speculative", "batch", "server"},
     "batch": {"engine", "speculative", "models", "server"},
     "speculative": {"engine", "server", "cli", "bench"},
+    "parallel": {"engine", "speculative", "batch", "server", "cli", "bench"},
     "engine": {"server", "cli", "bench"},
     "sampling": {"engine", "speculative", "models", "attention", "kv", "server"},
 }

@@ -43,6 +43,8 @@ EVERY_FLAG = {
     "--disable-overlap-schedule": (None, "overlap_schedule", False),
     "--batch-invariant": (None, "batch_invariant", True),
     "--cuda-graph-max-bs": ("16", "cuda_graph_max_bs", 16),
+    "--tensor-parallel-size": ("2", "tensor_parallel_size", 2),
+    "--expert-parallel": (None, "expert_parallel", True),
 }
 
 

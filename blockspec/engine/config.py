@@ -36,6 +36,8 @@ class EngineConfig:
     overlap_schedule: bool = True      # CUDA graphs + drafting on the device: launch step N+1 before reading N
     batch_invariant: bool = False      # fixed-order GEMM/attention/RMSNorm: a position's logits independent
                                        # of verify width and batch (docs/batch_invariance.md)
+    tensor_parallel_size: int = 1      # ranks the target is sharded over (docs/parallelism.md)
+    expert_parallel: bool = False      # with tensor_parallel_size > 1: whole experts per rank, not split experts
 
     def verify_rule(self) -> str:
         """The rule sampled rows are verified by. "auto" takes the one that accepts most: rejection
@@ -71,3 +73,14 @@ class EngineConfig:
                 raise ValueError("batch_invariant needs attention_backend 'triton' or 'auto', got 'reference'")
             from blockspec.layers.batch_invariant import check_batch_invariant_device
             check_batch_invariant_device(device, parse_dtype(self.dtype), allow_interpreter=True)
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be positive, got {self.tensor_parallel_size}")
+        if self.expert_parallel and self.tensor_parallel_size == 1:
+            raise ValueError("expert_parallel needs tensor_parallel_size > 1")
+        if self.tensor_parallel_size > 1 and device.type == "cuda" and self.cuda_graph:
+            raise ValueError("cuda_graph: CUDA graphs are not captured with tensor_parallel_size > 1 "
+                             "(each step's inputs are broadcast from the host); pass --disable-cuda-graph "
+                             "(cuda_graph=False)")
+        if self.batch_invariant and self.tensor_parallel_size > 1:
+            raise ValueError("batch_invariant is not built for tensor_parallel_size > 1 (its all-reduces sum in "
+                             "the collective's order)")

@@ -62,16 +62,34 @@ class _RequestState:
 class Engine:
     """Synchronous engine; one thread drives it (the server wraps it in a background thread)."""
 
-    def __init__(self, config: EngineConfig, proposer=None):
-        """`proposer` overrides the one `config.spec` names (custom drafters, tests)."""
+    def __init__(self, config: EngineConfig, proposer=None, target=None):
+        """`proposer` overrides the one `config.spec` names (custom drafters, tests). `target`: a
+        target already loaded for this config (tests share one tensor-parallel target between
+        engines: `blockspec.parallel.workers.start_tensor_parallel`); its owner closes it."""
         config.validate()
         self.config = config
         self.device = parse_device(config.device)
         self.attention_backend = select_backend(config.attention_backend, self.device, config.batch_invariant)
         self.model_config = load_config(config.model)
-        self.model = load_target(config.model, config.dtype, self.device, self.attention_backend)
-        if self.device.type == "cuda":
-            prepare_for_cuda(self.model, config.fused_ops)
+        self.parallel = config.tensor_parallel_size > 1
+        self.owns_target = target is None
+        if target is not None:
+            if self.parallel and getattr(target, "size", 1) != config.tensor_parallel_size:
+                raise ValueError(f"tensor_parallel_size is {config.tensor_parallel_size} but the given target "
+                                 f"has {getattr(target, 'size', 1)} ranks")
+            self.model = target
+        elif self.parallel:   # rank 0's view of the sharded target; the other ranks are worker processes
+            from blockspec.parallel.workers import start_tensor_parallel
+            self.model = start_tensor_parallel(config.model, config.dtype, self.device, config.attention_backend,
+                                               self.attention_backend, config.tensor_parallel_size,
+                                               config.expert_parallel)
+        else:
+            self.model = load_target(config.model, config.dtype, self.device, self.attention_backend)
+        if self.device.type == "cuda" and self.owns_target:
+            if self.parallel:
+                self.model.prepare_for_cuda(config.fused_ops)
+            else:
+                prepare_for_cuda(self.model, config.fused_ops)
         if config.batch_invariant:
             # After the merged projections exist, before any graph capture (docs/batch_invariance.md).
             from blockspec.layers.batch_invariant import make_batch_invariant
@@ -104,7 +122,8 @@ class Engine:
         self.page_tables = PageTableStore(config.max_running_requests,
                                           -(-(self.max_model_len + self.reserved_lookahead) // config.page_size))
         spec = self.model.cache_spec
-        self.cache = spec.allocate(num_pages, config.page_size, parse_dtype(config.dtype), self.device)
+        allocate = self.model.allocate_cache if self.parallel else spec.allocate
+        self.cache = allocate(num_pages, config.page_size, parse_dtype(config.dtype), self.device)
         self.kv_bytes_per_token = spec.bytes_per_token(parse_dtype(config.dtype))
         log.info("K/V cache: %s, %d bytes per token (%s), %d tokens", type(spec).__name__, self.kv_bytes_per_token,
                  config.dtype, (num_pages - 1) * config.page_size)
@@ -142,6 +161,15 @@ class Engine:
         self.eos_ids = set(self.tokenizer.eos_token_ids) | set(self.model_config.eos_token_ids)
         self._requests: dict[str, _RequestState] = {}
         self._arrivals = 0
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent); the engine is unusable after."""
+        if not self.parallel:
+            return
+        if self.owns_target:
+            self.model.close()
+        else:
+            self.model.free_cache(self.cache)
 
     def capture_graphs(self):
         """CUDA graphs of the decode step (plain decoding is a verify of width 1)."""

@@ -92,6 +92,9 @@ def run_serve(args: argparse.Namespace, build_engine: Callable[[argparse.Namespa
         server.run()
     finally:
         async_engine.shutdown()
+        close = getattr(async_engine.engine, "close", None)   # test doubles have none
+        if close is not None:
+            close()                                          # tensor-parallel workers stop here
     return 0
 
 

@@ -122,11 +122,11 @@ class SpecPolicy:
                 return self.full_width
         return width
 
-    def observe(self, seqs, width: int, started: float, step) -> None:
-        """Learn from a step run at `width` that started at `started` (perf_counter) and has
-        just been read; `step` is its `StepResult` (rows in `seqs` order). A step launched
-        while the one before it was still running is timed from that one's end."""
-        now = time.perf_counter()
+    def observe(self, seqs, width: int, started: float, step, now: float | None = None) -> None:
+        """Learn from a step run at `width` that started at `started` (perf_counter) and was
+        read at `now` (default: now); `step` is its `StepResult` (rows in `seqs` order). A
+        step launched while the one before it was still running is timed from that one's end."""
+        now = time.perf_counter() if now is None else now
         begin = started if self._last_done is None else max(started, self._last_done)
         self._last_done = now
         self.choices[self.name(width)] += 1
@@ -140,7 +140,7 @@ class SpecPolicy:
         if bucket not in self.cost.logged and not self.cost.unmeasured(len(seqs)):
             self.cost.logged.add(bucket)
             log.info("%s (policy host time so far %.2f ms)", self.cost.format_table(len(seqs)), self.host_seconds * 1e3)
-        self.host_seconds += time.perf_counter() - now
+        self.host_seconds += max(time.perf_counter() - now, 0.0)
 
     def forget(self, request_id: str) -> None:
         self.acceptance.forget(request_id)

@@ -24,7 +24,8 @@ COUNTERS = ["blockspec:prompt_tokens_total", "blockspec:generation_tokens_total"
 GAUGES = ["blockspec:num_requests_running", "blockspec:num_requests_waiting",
           "blockspec:kv_cache_usage_ratio", "blockspec:spec_accept_length"]
 LINE = re.compile(r"Decode batch, #running-req: (\d+), #token: (\d+), token usage: (\d+\.\d\d), "
-                  r"accept len: (\d+\.\d\d), gen throughput \(token/s\): (\d+\.\d\d), #queue-req: (\d+)$")
+                  r"accept len: (\d+\.\d\d), gen throughput \(token/s\): (\d+\.\d\d), #queue-req: (\d+)"
+                  r"(, spec config: [a-z0-9]+ \d+%( [a-z0-9]+ \d+%)*)?$")
 
 
 def scrape(http: httpx.Client) -> dict[tuple, float]:

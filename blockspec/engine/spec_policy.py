@@ -22,8 +22,8 @@ draws the same uniforms per step whatever the width, but which tokens those unif
 depends on the width, which depends on the batch and on timings: its *distribution* is exact,
 its seeded stream is reproducible only under `spec_policy="static"` (docs/adaptive.md).
 
-Exploration: a bucket's first steps time every candidate width (lazily, each `min_samples`
-times after the warm-up); while a narrower width wins, a full-width probe runs every
+Exploration: the first bucket's first steps time every candidate width (lazily, each
+`min_samples` times after the warm-up; later buckets borrow and refine, `StepCostModel.estimate`); while a narrower width wins, a full-width probe runs every
 `probe_interval` steps (doubling, up to `max_probe_interval`, while probes change nothing), so
 a request whose drafts turn good again is noticed — a plain step observes no drafts.
 """
@@ -40,7 +40,7 @@ from blockspec.engine.step_cost import StepCostModel
 
 log = logging.getLogger("blockspec.spec_policy")
 
-LADDER = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+LADDER = (2, 4, 8, 16, 32, 64, 128)   # few widths: each is timed per bucket, and captured on CUDA
 
 
 def candidate_widths(full_width: int) -> list[int]:
@@ -83,7 +83,7 @@ class SpecPolicy:
             raise ValueError(f"spec_policy must be one of {', '.join(SPEC_POLICIES)}, got {mode!r}")
         self.mode, self.full_width, self.builds_trees = mode, full_width, builds_trees
         self.widths = candidate_widths(full_width) if mode == "adaptive" else [full_width]
-        self.cost = StepCostModel(buckets, sorted(set(self.widths) | {1}))
+        self.cost = StepCostModel(buckets, sorted(set(self.widths) | {1}), discard=1, min_samples=2)
         self.acceptance = AcceptanceModel(self.widths)
         self.min_probe, self.max_probe = probe_interval, max_probe_interval
         self.probe_interval, self._since_probe, self._before_probe = probe_interval, 0, None
@@ -137,7 +137,7 @@ class SpecPolicy:
             for s, nodes in zip(seqs, step.path_nodes):
                 self.acceptance.observe(s.request_id, temperature_class(s.params), nodes, width)
         bucket = self.cost.bucket_for(len(seqs))
-        if bucket not in self.cost.logged and not self.cost.unmeasured(len(seqs)):
+        if bucket not in self.cost.logged and all(t is not None for t in self.cost.table(len(seqs)).values()):
             self.cost.logged.add(bucket)
             log.info("%s (policy host time so far %.2f ms)", self.cost.format_table(len(seqs)), self.host_seconds * 1e3)
         self.host_seconds += max(time.perf_counter() - now, 0.0)

@@ -7,8 +7,10 @@ the engine runs is one observation of its key. The first `discard` observations 
 dropped (Triton compiles, graph warm-up, allocator growth), and the estimate is the median of
 the last `window` — robust to the one-off stalls (a GC pause, another process on a shared CPU)
 that would drag a mean. A key is measured once it holds `min_samples`; until then the policy
-runs it (lazily, on the bucket's first use) so that every number it compares was timed on this
-machine, this model and this batch size.
+runs it (lazily, on first use) so that every number it compares was timed on this machine and
+this model. The first bucket times every width; a later bucket borrows the nearest timed
+bucket's figures, scaled to its own by the widths it has run (`estimate`), and refines them
+with every step it runs.
 
 The drafter's cost is inside every width ≥ 2 (DFlash drafts its whole block in one pass, whatever
 length the policy keeps); `drafter_seconds` reports it as cost(2) − cost(1).
@@ -64,15 +66,33 @@ class StepCostModel:
             return
         self._samples.setdefault(key, deque(maxlen=self.window)).append(seconds)
 
-    def estimate(self, batch_size: int, width: int) -> float | None:
-        """Seconds per step at this key, or None until it holds `min_samples`."""
+    def measured(self, batch_size: int, width: int) -> float | None:
+        """Seconds per step timed at this key, or None until it holds `min_samples`."""
         samples = self._samples.get((self.bucket_for(batch_size), width))
         if samples is None or len(samples) < self.min_samples:
             return None
         return robust_seconds(samples)
 
+    def estimate(self, batch_size: int, width: int) -> float | None:
+        """Seconds per step: timed at this bucket, else borrowed from the nearest bucket that
+        timed this width, scaled by the median ratio of the widths both buckets timed (the
+        whole first bucket is timed; a later bucket then times only what the policy runs).
+        None when no bucket timed this width."""
+        own = self.measured(batch_size, width)
+        if own is not None:
+            return own
+        bucket = self.bucket_for(batch_size)
+        donors = sorted((abs(b - bucket), b) for b in {k[0] for k in self._samples}
+                        if b != bucket and self.measured(b, width) is not None)
+        if not donors:
+            return None
+        donor = donors[0][1]
+        ratios = [self.measured(bucket, w) / self.measured(donor, w) for w in self.widths
+                  if self.measured(bucket, w) is not None and self.measured(donor, w)]
+        return self.measured(donor, width) * (robust_seconds(ratios) if ratios else 1.0)
+
     def unmeasured(self, batch_size: int) -> list[int]:
-        """The candidate widths this batch's bucket still has to time."""
+        """The candidate widths with no estimate for this batch, timed or borrowed."""
         return [w for w in self.widths if self.estimate(batch_size, w) is None]
 
     def drafter_seconds(self, batch_size: int) -> float | None:
@@ -81,8 +101,8 @@ class StepCostModel:
         return None if one is None or two is None else two - one
 
     def table(self, batch_size: int) -> dict[int, float | None]:
-        """width → seconds per step at this batch's bucket."""
-        return {w: self.estimate(batch_size, w) for w in self.widths}
+        """width → seconds per step timed at this batch's bucket."""
+        return {w: self.measured(batch_size, w) for w in self.widths}
 
     def format_table(self, batch_size: int) -> str:
         cells = ", ".join(f"w{w} {t * 1e3:.2f} ms" if t is not None else f"w{w} -"

@@ -3,7 +3,7 @@
 Every configuration is its own engine on the same target: plain decoding, the method at each
 static width (`--static-widths`: DFlash/n-gram chains of that block size, DDTree trees of that
 budget + 1), and the method at its full width under `spec_policy="adaptive"`. At each
-concurrency c the same prompts run with at most c requests in flight (a request is added as
+concurrency c the same max(num_prompts, 2c) prompts run with at most c requests in flight (a request is added as
 one finishes: continuous batching, like a server under c clients). The configurations of one
 concurrency run back to back, so a shared CPU's noise spreads over all of them.
 
@@ -114,10 +114,11 @@ def run_compare(config, concurrencies: list[int], static_widths: list[int] | Non
         warm_up(llm, ids[0])
     records = []
     for c in concurrencies:
+        k = max(config.num_prompts, 2 * c)
         for name, llm in llms.items():
-            records.append({"configuration": name, **run_concurrency(llm, ids, params, c)})
+            records.append({"configuration": name, **run_concurrency(llm, ids[:k], params[:k], c)})
     return {**config.spec_fields(), "dataset": config.datasets[0], "temperature": config.temperatures[0],
-            "num_prompts": n, "concurrencies": concurrencies, "records": records, "summary": summarise(records),
+            "num_prompts": {c: max(config.num_prompts, 2 * c) for c in concurrencies}, "concurrencies": concurrencies, "records": records, "summary": summarise(records),
             "policy_host_seconds": engine.policy.host_seconds}
 
 

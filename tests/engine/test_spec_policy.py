@@ -145,3 +145,10 @@ def test_truncate_tree_is_the_smaller_budget_and_pads_narrow_rows():
         truncate_tree(chain, 9)
     with pytest.raises(ValueError, match="row_widths"):
         truncate_tree(chain, 4, torch.tensor([1]))
+
+
+def test_engine_config_rejects_an_unknown_policy():
+    from blockspec.engine.config import EngineConfig
+    assert EngineConfig(model="m").spec_policy == "adaptive"
+    with pytest.raises(ValueError, match="spec_policy"):
+        EngineConfig(model="m", spec_policy="fastest").validate()

@@ -15,7 +15,7 @@ from dflash_fixtures import write_dflash_drafter
 from test_lossless import ALPHA, over_accepting_verify_tree, exact_laws, law_fit, spec_llm
 from test_spec_greedy import OracleProposer, prompts_for
 
-LONG = SamplingParams(temperature=0.0, max_tokens=320, ignore_eos=True)
+LONG = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
 
 
 class AdversaryProposer(OracleProposer):
@@ -41,7 +41,7 @@ def _configurations(outs) -> dict:
     return total
 
 
-@pytest.mark.parametrize("proposer, favourite", [(AdversaryProposer, "plain"), (OracleProposer, "chain8")])
+@pytest.mark.parametrize("proposer, favourite", [(AdversaryProposer, "plain"), (OracleProposer, "tree7")])
 def test_policy_picks_plain_for_an_adversary_and_the_full_block_for_an_oracle(qwen3_dir, long_plain, proposer,
                                                                              favourite):
     prompts, expected = long_plain
@@ -53,7 +53,7 @@ def test_policy_picks_plain_for_an_adversary_and_the_full_block_for_an_oracle(qw
     steps = sum(counts.values())
     # Each bucket's widths are timed first (a few steps each), then the favourite should dominate.
     assert counts.get(favourite, 0) >= 0.6 * steps, counts
-    assert set(counts) <= {"plain", "chain2", "chain4", "chain8"}
+    assert set(counts) <= {"plain", "tree1", "tree3", "tree7"}   # the test proposers do not promise chains
 
 
 def test_mixed_batch_commits_what_plain_greedy_decoding_would(qwen3_dir, tmp_path):

@@ -87,6 +87,7 @@ class SpecPolicy:
         self.acceptance = AcceptanceModel(self.widths)
         self.min_probe, self.max_probe = probe_interval, max_probe_interval
         self.probe_interval, self._since_probe, self._before_probe = probe_interval, 0, None
+        self._probes = 0                           # probes run: which candidate the next one times
         self.choices: Counter = Counter()         # config name → steps (logged with the cost table)
         self.host_seconds = 0.0                   # the policy's own time (choose + observe)
         self._last_done: float | None = None
@@ -115,11 +116,13 @@ class SpecPolicy:
         if self._before_probe is not None:        # the step after a probe: did it change anything?
             changed, self._before_probe = width != self._before_probe, None
             self.probe_interval = self.min_probe if changed else min(2 * self.probe_interval, self.max_probe)
-        if width < self.full_width:
-            self._since_probe += 1
-            if self._since_probe >= self.probe_interval:
+        self._since_probe += 1
+        if self._since_probe >= self.probe_interval:
+            others = [w for w in sorted(self.widths, reverse=True) if w != width]
+            if others:
                 self._since_probe, self._before_probe = 0, width
-                return self.full_width
+                self._probes += 1
+                return others[(self._probes - 1) % len(others)]
         return width
 
     def observe(self, seqs, width: int, started: float, step, now: float | None = None) -> None:

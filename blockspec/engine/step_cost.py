@@ -4,9 +4,9 @@ A key is (batch bucket, verify width): the bucket is the CUDA-graph bucket a bat
 (`cuda_graphs.batch_buckets`; on the CPU the same buckets group the batch sizes), the width is
 1 for plain decoding, k for a chain of length k, b + 1 for a tree of budget b. Every decode step
 the engine runs is one observation of its key. The first `discard` observations of a key are
-dropped (Triton compiles, graph warm-up, allocator growth), and the estimate is the median of
-the last `window` — robust to the one-off stalls (a GC pause, another process on a shared CPU)
-that would drag a mean. A key is measured once it holds `min_samples`; until then the policy
+dropped (Triton compiles, graph warm-up, allocator growth), and the estimate is the lower
+quartile of the last `window` — robust to the stalls (a GC pause, another process on a shared
+CPU) that would drag a mean: such noise only ever adds time. A key is measured once it holds `min_samples`; until then the policy
 runs it (lazily, on first use) so that every number it compares was timed on this machine and
 this model. The first bucket times every width; a later bucket borrows the nearest timed
 bucket's figures, scaled to its own by the widths it has run (`estimate`), and refines them
@@ -18,15 +18,18 @@ length the policy keeps); `drafter_seconds` reports it as cost(2) − cost(1).
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 
 
 def robust_seconds(samples) -> float:
-    """The median of `samples` (seconds, non-empty)."""
+    """The lower quartile of `samples` (seconds, non-empty; linear interpolation)."""
     if not samples:
         raise ValueError("samples must be non-empty")
-    return float(statistics.median(samples))
+    ordered = sorted(samples)
+    pos = (len(ordered) - 1) / 4
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return float(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo))
 
 
 class StepCostModel:

@@ -5,7 +5,8 @@ static width (`--static-widths`: DFlash/n-gram chains of that block size, DDTree
 budget + 1), and the method at its full width under `spec_policy="adaptive"`. At each
 concurrency c the same max(num_prompts, 2c) prompts run with at most c requests in flight (a request is added as
 one finishes: continuous batching, like a server under c clients). The configurations of one
-concurrency run back to back, so a shared CPU's noise spreads over all of them.
+concurrency run back to back, `repeats` rounds in rotated order, and a cell's tok/s is the median
+of its rounds, so a shared CPU's bursts of load spread over all of them.
 
 The report: tok/s per (configuration, concurrency), and per concurrency adaptive ÷ best
 static and adaptive ÷ plain (the issue's targets: ≥ 0.95 and ≥ 1.0), plus the adaptive
@@ -90,13 +91,22 @@ def summarise(records: list[dict]) -> list[dict]:
     return out
 
 
-def run_compare(config, concurrencies: list[int], static_widths: list[int] | None, warm_up) -> dict:
+def median_record(runs: list[dict]) -> dict:
+    """One cell from its rounds: the round of median tok/s, with every round's tok/s."""
+    ordered = sorted(runs, key=lambda r: r["tok_s"])
+    return {**ordered[(len(ordered) - 1) // 2], "tok_s_rounds": [r["tok_s"] for r in runs]}
+
+
+def run_compare(config, concurrencies: list[int], static_widths: list[int] | None, warm_up,
+                repeats: int = 1) -> dict:
     """Every configuration at every concurrency. `config`: the OfflineBenchConfig (its first
     dataset and temperature); `warm_up(llm, ids)` runs one short request."""
     from blockspec.bench.datasets import load_dataset
     from blockspec.bench.offline import _params, prompt_token_ids
     if not concurrencies or any(c < 1 for c in concurrencies):
         raise ValueError(f"concurrencies must be positive, got {concurrencies}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be positive, got {repeats}")
     top = max(concurrencies)
     adaptive = build_llm(config, top, {"spec_policy": "adaptive"})
     engine = adaptive.engine
@@ -113,12 +123,16 @@ def run_compare(config, concurrencies: list[int], static_widths: list[int] | Non
     for llm in llms.values():
         warm_up(llm, ids[0])
     records = []
+    names = list(llms)
     for c in concurrencies:
         k = max(config.num_prompts, 2 * c)
-        for name, llm in llms.items():
-            records.append({"configuration": name, **run_concurrency(llm, ids[:k], params[:k], c)})
+        rounds: dict[str, list] = {name: [] for name in names}
+        for r in range(repeats):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                rounds[name].append(run_concurrency(llms[name], ids[:k], params[:k], c))
+        records += [{"configuration": name, **median_record(rounds[name])} for name in names]
     return {**config.spec_fields(), "dataset": config.datasets[0], "temperature": config.temperatures[0],
-            "num_prompts": {c: max(config.num_prompts, 2 * c) for c in concurrencies}, "concurrencies": concurrencies, "records": records, "summary": summarise(records),
+            "num_prompts": {c: max(config.num_prompts, 2 * c) for c in concurrencies}, "concurrencies": concurrencies, "repeats": repeats, "records": records, "summary": summarise(records),
             "policy_host_seconds": engine.policy.host_seconds}
 
 

@@ -114,6 +114,8 @@ def _add_offline(p: argparse.ArgumentParser) -> None:
                    help="plain, each static width and the adaptive policy side by side over --concurrency "
                         "(first dataset and temperature); --output's JSON gets a .png plot beside it")
     p.add_argument("--concurrency", default="1,4,16", help="with --compare-static: requests in flight")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="with --compare-static: rounds per cell, rotated; a cell's tok/s is their median")
     p.add_argument("--static-widths", default=None,
                    help="with --compare-static: verify widths of the static configurations (chain length, tree "
                         "budget + 1; default: the adaptive policy's candidates)")
@@ -266,7 +268,8 @@ def _compare_static(args: argparse.Namespace, config, stamp: dict) -> int:
     from blockspec.bench.offline import _warm_up
     config.validate()
     widths = _positive_ints(args.static_widths, "--static-widths") if args.static_widths else None
-    document = {**stamp, **run_compare(config, _positive_ints(args.concurrency, "--concurrency"), widths, _warm_up)}
+    document = {**stamp, **run_compare(config, _positive_ints(args.concurrency, "--concurrency"), widths, _warm_up,
+                                       args.repeats)}
     print(format_compare(document))
     if args.output:
         out = Path(args.output)

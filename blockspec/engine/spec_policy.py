@@ -22,10 +22,12 @@ draws the same uniforms per step whatever the width, but which tokens those unif
 depends on the width, which depends on the batch and on timings: its *distribution* is exact,
 its seeded stream is reproducible only under `spec_policy="static"` (docs/adaptive.md).
 
-Exploration: the first bucket's first steps time every candidate width (lazily, each
-`min_samples` times after the warm-up; later buckets borrow and refine, `StepCostModel.estimate`); while a narrower width wins, a full-width probe runs every
-`probe_interval` steps (doubling, up to `max_probe_interval`, while probes change nothing), so
-a request whose drafts turn good again is noticed — a plain step observes no drafts.
+Exploration: a bucket's first steps time every candidate width (lazily, each `min_samples`
+times after the warm-up, widest first). Then every `probe_interval` steps (doubling, up to
+`max_probe_interval`, while probes change nothing) one step runs another candidate, the full
+width first and then each in turn from the widest: it re-times widths the choice no longer runs
+(one unlucky timing must not lock a width out) and, at the full width, observes every draft
+position (a plain step observes none), so a request whose drafts turn good again is noticed.
 """
 
 from __future__ import annotations

@@ -8,9 +8,8 @@ dropped (Triton compiles, graph warm-up, allocator growth), and the estimate is 
 quartile of the last `window` — robust to the stalls (a GC pause, another process on a shared
 CPU) that would drag a mean: such noise only ever adds time. A key is measured once it holds `min_samples`; until then the policy
 runs it (lazily, on first use) so that every number it compares was timed on this machine and
-this model. The first bucket times every width; a later bucket borrows the nearest timed
-bucket's figures, scaled to its own by the widths it has run (`estimate`), and refines them
-with every step it runs.
+this model, at this batch bucket (each bucket's first ~3 steps per width; every step it then
+runs refines its figure).
 
 The drafter's cost is inside every width ≥ 2 (DFlash drafts its whole block in one pass, whatever
 length the policy keeps); `drafter_seconds` reports it as cost(2) − cost(1).
@@ -77,25 +76,13 @@ class StepCostModel:
         return robust_seconds(samples)
 
     def estimate(self, batch_size: int, width: int) -> float | None:
-        """Seconds per step: timed at this bucket, else borrowed from the nearest bucket that
-        timed this width, scaled by the median ratio of the widths both buckets timed (the
-        whole first bucket is timed; a later bucket then times only what the policy runs).
-        None when no bucket timed this width."""
-        own = self.measured(batch_size, width)
-        if own is not None:
-            return own
-        bucket = self.bucket_for(batch_size)
-        donors = sorted((abs(b - bucket), b) for b in {k[0] for k in self._samples}
-                        if b != bucket and self.measured(b, width) is not None)
-        if not donors:
-            return None
-        donor = donors[0][1]
-        ratios = [self.measured(bucket, w) / self.measured(donor, w) for w in self.widths
-                  if self.measured(bucket, w) is not None and self.measured(donor, w)]
-        return self.measured(donor, width) * (robust_seconds(ratios) if ratios else 1.0)
+        """Seconds per step at this batch's bucket, or None until it is timed. Never borrowed
+        from another bucket: the widths' relative costs change with the batch (that change is
+        what the policy exists for), so a scaled neighbour's table would keep the wrong width."""
+        return self.measured(batch_size, width)
 
     def unmeasured(self, batch_size: int) -> list[int]:
-        """The candidate widths with no estimate for this batch, timed or borrowed."""
+        """The candidate widths this batch's bucket has still to time."""
         return [w for w in self.widths if self.estimate(batch_size, w) is None]
 
     def drafter_seconds(self, batch_size: int) -> float | None:

@@ -30,19 +30,7 @@ def test_cost_model_discards_warmup_and_needs_min_samples():
         m.observe(3, 4, t)
     assert m.estimate(3, 4) == 5.0
     assert m.measured(1, 4) is None and m.bucket_for(9) == 9
-    assert m.estimate(1, 4) == 5.0                       # borrowed from bucket 4, nothing to scale by
-    assert m.estimate(1, 1) is None and m.unmeasured(1) == [1]
-
-
-def test_cost_model_borrows_from_the_nearest_bucket_scaled_by_shared_widths():
-    m = StepCostModel([1, 2, 4, 8], [1, 2, 4], discard=0, min_samples=1)
-    for w, t in ((1, 1.0), (2, 1.5), (4, 3.0)):
-        m.observe(1, w, t)
-    m.observe(8, 1, 2.0)                                 # bucket 8 timed plain only: twice bucket 1's
-    assert m.estimate(8, 4) == 6.0 and m.estimate(8, 2) == 3.0
-    m.observe(2, 1, 4.0)                                 # bucket 2 timed width 1 only: no donor of width 2
-    assert m.estimate(4, 2) == 1.5                       # bucket 1's, with nothing of bucket 4's to scale by
-    assert m.estimate(2, 2) == 6.0                       # bucket 1's × 4 (bucket 2's plain ÷ bucket 1's)
+    assert m.estimate(1, 4) is None                      # never borrowed from another bucket
 
 
 @pytest.mark.parametrize("kwargs, field", [({"widths": [2, 4]}, "widths"), ({"buckets": [4, 2]}, "buckets"),

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from blockspec.engine.config import ATTENTION_BACKENDS, SPEC_ALGORITHMS, SPEC_VERIFY_RULES, EngineConfig
+from blockspec.engine.config import ATTENTION_BACKENDS, SPEC_ALGORITHMS, SPEC_POLICIES, SPEC_VERIFY_RULES, EngineConfig
 from blockspec.models.loader import DTYPES
 
 ENGINE_GROUP_TITLE = "engine"
@@ -66,6 +66,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, model_required: boo
     g.add_argument("--spec-verify", default=_engine_default("spec_verify"), choices=SPEC_VERIFY_RULES,
                    help="rejection: drafts sampled from the drafter's q, rejection-sampled (dflash chains; "
                         "ddtree: sampled children, recursive rejection sampling; greedy rows keep the walk)")
+    g.add_argument("--spec-policy", default=_engine_default("spec_policy"), choices=SPEC_POLICIES,
+                   help="adaptive: each step picks plain, a shorter chain or a smaller tree from measured step "
+                        "cost and acceptance; static: always the full block / budget (docs/adaptive.md)")
     mrr = max_running_requests_default
     g.add_argument("--max-running-requests", type=positive_int, default=mrr,
                    help=f"most requests decoded at once (default: {mrr or _engine_default('max_running_requests')})")

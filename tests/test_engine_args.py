@@ -31,6 +31,7 @@ EVERY_FLAG = {
     "--budget": ("32", "tree_budget", 32),
     "--topk": ("4", "tree_topk", 4),
     "--spec-verify": ("rejection", "spec_verify", "rejection"),
+    "--spec-policy": ("static", "spec_policy", "static"),
     "--max-running-requests": ("8", "max_running_requests", 8),
     "--kv-cache-tokens": ("4096", "kv_cache_tokens", 4096),
     "--page-size": ("32", "page_size", 32),
@@ -97,8 +98,10 @@ def test_every_command_has_the_same_engine_flags():
 
 
 def test_choices_come_from_the_engine_config():
-    from blockspec.engine.config import ATTENTION_BACKENDS, SPEC_ALGORITHMS, SPEC_VERIFY_RULES
+    from blockspec.engine.config import ATTENTION_BACKENDS, SPEC_ALGORITHMS, SPEC_POLICIES, SPEC_VERIFY_RULES
     actions = engine_actions(subparser("serve"))
+    assert tuple(actions["--spec-policy"].choices) == SPEC_POLICIES == ("static", "adaptive")
+    assert actions["--spec-policy"].default == "adaptive"
     assert tuple(actions["--spec"].choices) == SPEC_ALGORITHMS
     assert tuple(actions["--spec-verify"].choices) == SPEC_VERIFY_RULES
     assert tuple(actions["--attention-backend"].choices) == ATTENTION_BACKENDS
@@ -150,7 +153,7 @@ def test_check_lossless_old_verify_flag_still_works():
 
 @pytest.mark.parametrize("cmd", COMMANDS)
 @pytest.mark.parametrize("argv", [["--page-size", "0"], ["--attention-backend", "cuda"], ["--spec-verify", "maybe"],
-                                  ["--cuda-graph-max-bs", "-1"], ["--budget", "0"]])
+                                  ["--cuda-graph-max-bs", "-1"], ["--budget", "0"], ["--spec-policy", "fastest"]])
 def test_bad_engine_flags_exit_2(cmd, argv, capsys):
     with pytest.raises(SystemExit) as info:
         subparser(*cmd).parse_args(["--model", "m", *argv])

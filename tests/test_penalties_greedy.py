@@ -71,13 +71,13 @@ def test_speculative_penalised_greedy_equals_plain(qwen3_dir, drafter, prompts, 
 @pytest.mark.parametrize("name", list(PENALTIES))
 def test_drafts_of_the_penalised_continuation_are_all_accepted(qwen3_dir, prompts, plain, name):
     params = greedy(**PENALTIES[name])
-    chain = LLM.from_engine(Engine(EngineConfig(model=qwen3_dir, spec="dflash"),
+    chain = LLM.from_engine(Engine(EngineConfig(model=qwen3_dir, spec="dflash", spec_policy="static"),
                                    proposer=OracleProposer({tuple(p): c for p, c in zip(prompts, plain[name])}, 5)))
     outs = chain.generate(prompts, params)
     assert [o.token_ids for o in outs] == plain[name]
     for o in outs:  # a draft is rejected only when the penalised target disagrees with its path's history
         assert o.metrics.accepted_tokens == o.metrics.drafted_tokens > 0
-    tree = LLM.from_engine(Engine(EngineConfig(model=qwen3_dir, spec="ddtree"),
+    tree = LLM.from_engine(Engine(EngineConfig(model=qwen3_dir, spec="ddtree", spec_policy="static"),
                                   proposer=DecoyTreeOracle(plain[name][0], 4, 512)))
     (out,) = tree.generate([prompts[0]], params)
     assert out.token_ids == plain[name][0]

@@ -36,7 +36,10 @@ def test_sampled_tree_with_unrenormalised_q_fails(tiny_vocab_dir, tiny_drafter, 
     """Negative control: testing later siblings against q without renormalising it after the
     drawn siblings are removed over-accepts, and the exact-law test must see it."""
     monkeypatch.setattr(verify_module, "sibling_proposal", unrenormalised_proposal)
-    assert law_fit(sampled_tree_llm(tiny_vocab_dir, tiny_drafter, 8), tiny_law, "t1").p_value < ALPHA
+    # Static: the full budget every step, so every step has the later siblings the bias needs.
+    llm = exact_law_llm(tiny_vocab_dir, 28, spec="ddtree", draft_model=tiny_drafter, budget=8,
+                        spec_verify="rejection", spec_policy="static")
+    assert law_fit(llm, tiny_law, "t1").p_value < ALPHA
 
 
 @pytest.mark.parametrize("budget, topk", [(4, None), (16, None), (12, 3)])
@@ -55,7 +58,9 @@ def test_greedy_rows_equal_plain_greedy(qwen3_dir, drafter, budget, topk):
 
 
 def test_seeded_sampled_row_same_alone_and_in_batch(qwen3_dir, drafter):
-    llm = LLM(model=qwen3_dir, spec="ddtree", draft_model=drafter, budget=8, spec_verify="rejection")
+    # A seeded stream is reproducible under the static policy only (docs/adaptive.md).
+    llm = LLM(model=qwen3_dir, spec="ddtree", draft_model=drafter, budget=8, spec_verify="rejection",
+              spec_policy="static")
     prompts = prompts_for(512, [9, 4, 20], seed=2)
     seeded = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=1234, ignore_eos=True)
     alone = llm.generate(prompts[0], seeded)[0].token_ids

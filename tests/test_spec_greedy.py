@@ -83,7 +83,8 @@ def test_oracle_reaches_maximum_accept_length(qwen3_dir, plain_outputs, num_draf
     prompts = prompts_for(512, [6, 14], seed=5)
     expected = plain_outputs(qwen3_dir, prompts)
     oracle = OracleProposer({tuple(p): e for p, e in zip(prompts, expected)}, num_draft)
-    engine = Engine(EngineConfig(model=qwen3_dir, spec="dflash"), proposer=oracle)
+    # Static: the full block every step (the adaptive policy would time narrower widths first).
+    engine = Engine(EngineConfig(model=qwen3_dir, spec="dflash", spec_policy="static"), proposer=oracle)
     llm = LLM.from_engine(engine)
     outs = llm.generate(prompts, GREEDY)
     for out, exp in zip(outs, expected):

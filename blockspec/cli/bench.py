@@ -110,6 +110,15 @@ def _add_offline(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--output", default=None, help="JSON results file")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--compare-static", action="store_true",
+                   help="plain, each static width and the adaptive policy side by side over --concurrency "
+                        "(first dataset and temperature); --output's JSON gets a .png plot beside it")
+    p.add_argument("--concurrency", default="1,4,16", help="with --compare-static: requests in flight")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="with --compare-static: rounds per cell, rotated; a cell's tok/s is their median")
+    p.add_argument("--static-widths", default=None,
+                   help="with --compare-static: verify widths of the static configurations (chain length, tree "
+                        "budget + 1; default: the adaptive policy's candidates)")
     p.set_defaults(func=cmd_bench_offline)
 
 
@@ -246,12 +255,30 @@ def cmd_bench_offline(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, max_tokens=args.max_tokens, seed=args.seed, ignore_eos=args.ignore_eos,
         random_input_len=args.random_input_len, random_output_len=args.random_output_len,
         progress=not args.no_progress)
-    document = {"command": shlex.join(sys.argv), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                **run_offline_bench(config)}
+    stamp = {"command": shlex.join(sys.argv), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if args.compare_static:
+        return _compare_static(args, config, stamp)
+    document = {**stamp, **run_offline_bench(config)}
     print(format_records(document["records"]))
     if args.output:
         Path(args.output).write_text(json.dumps(document, indent=2))
         print(f"results: {args.output}")
+    return 0
+
+
+def _compare_static(args: argparse.Namespace, config, stamp: dict) -> int:
+    from blockspec.bench.compare import format_compare, plot_compare, run_compare
+    from blockspec.bench.offline import _warm_up
+    config.validate()
+    widths = _positive_ints(args.static_widths, "--static-widths") if args.static_widths else None
+    document = {**stamp, **run_compare(config, _positive_ints(args.concurrency, "--concurrency"), widths, _warm_up,
+                                       args.repeats)}
+    print(format_compare(document))
+    if args.output:
+        out = Path(args.output)
+        out.write_text(json.dumps(document, indent=2))
+        plot_compare(document, out.with_suffix(".png"))
+        print(f"results: {out} and {out.with_suffix('.png')}")
     return 0
 
 

@@ -9,6 +9,7 @@ from blockspec.models.loader import parse_device, parse_dtype
 SPEC_ALGORITHMS = ("none", "ngram", "dflash", "ddtree")
 SPEC_VERIFY_RULES = ("auto", "target-only", "rejection")
 ATTENTION_BACKENDS = ("auto", "reference", "triton")
+SPEC_POLICIES = ("static", "adaptive")   # engine/spec_policy.py
 
 
 @dataclass
@@ -21,6 +22,7 @@ class EngineConfig:
     block_size: int | None = None
     spec_verify: str = "auto"          # "target-only", "rejection" (drafts sampled from q), or the best the proposer allows
     tree_budget: int | None = None
+    spec_policy: str = "adaptive"      # or "static": always the method's full block / budget (docs/adaptive.md)
     tree_topk: int | None = None
     max_running_requests: int = 64
     kv_cache_tokens: int | None = None
@@ -52,6 +54,8 @@ class EngineConfig:
     def validate(self) -> None:
         if self.spec not in SPEC_ALGORITHMS:
             raise ValueError(f"spec must be one of {', '.join(SPEC_ALGORITHMS)}, got {self.spec!r}")
+        if self.spec_policy not in SPEC_POLICIES:
+            raise ValueError(f"spec_policy must be one of {', '.join(SPEC_POLICIES)}, got {self.spec_policy!r}")
         if self.spec_verify not in SPEC_VERIFY_RULES:
             raise ValueError(f"spec_verify must be one of {', '.join(SPEC_VERIFY_RULES)}, got {self.spec_verify!r}")
         for name in ("max_running_requests", "page_size", "max_prefill_tokens"):

@@ -65,23 +65,30 @@ class GraphedStep:
     """Callable like `device_step(inputs, tree)` for batches up to the largest bucket."""
 
     def __init__(self, device_step, width: int, num_uniforms: int, max_pages: int, page_size: int,
-                 tree_shaped: bool, drafts_on_device: bool, device: torch.device, max_bs: int):
+                 tree_shaped: bool, drafts_on_device: bool, device: torch.device, max_bs: int,
+                 share: "GraphedStep | None" = None):
         """`device_step(inputs, tree | None) -> (VerifyResult, num_nodes)`; `tree_shaped`: the
         proposer builds branching trees (tree mask and compaction are always captured);
-        `drafts_on_device`: the tree is made inside the step (passed as None)."""
+        `drafts_on_device`: the tree is made inside the step (passed as None). `share`: a
+        graph set of another verify width whose memory pool, carry buffer and replay count
+        this one shares (`WidthGraphs`: a step of one width may follow a step of another)."""
         self.fn = device_step
         self.drafts_on_device = drafts_on_device
         self.width, self.num_uniforms, self.max_pages = width, num_uniforms, max_pages
         self.page_size, self.tree_shaped, self.device = page_size, tree_shaped, device
         self.buckets = batch_buckets(max_bs)
         self.static: dict[int, _Static] = {}
-        self.pool = None
         self.capture_seconds = 0.0
         self._warned: set = set()            # batch sizes and eager reasons already logged
         # Each step's next prefix and root per row, written by every bucket's graph and read by
         # the next step's (overlapped decoding: engine/overlap.py).
-        self.carry = torch.zeros(2, self.buckets[-1], dtype=torch.long, device=device)
-        self.replays = 0               # steps run, so an overlapped step can check its carry is fresh
+        self.carry = share.carry if share else torch.zeros(2, self.buckets[-1], dtype=torch.long, device=device)
+        self.pool = share.pool if share else None
+        self._replays = share._replays if share else [0]  # steps run, so an overlapped step can check its carry
+
+    @property
+    def replays(self) -> int:
+        return self._replays[0]
 
     def _buffers(self, bs: int, all_greedy: bool) -> _Static:
         dev, W = self.device, self.width
@@ -127,7 +134,7 @@ class GraphedStep:
         return result, num_nodes, packed_result(result, num_nodes)
 
     def _replay(self, st: _Static, bs: int) -> None:
-        self.replays += 1
+        self._replays[0] += 1
         if st.graph is not None:
             st.graph.replay()
         else:
@@ -182,7 +189,7 @@ class GraphedStep:
         """Replay the step of `seqs` (drafting on the device) from host state, with nothing but
         one host→device copy (pinned, asynchronous) in front of the graph. `previous_rows[b]`:
         row b's row in the step replayed just before, whose prefix and root replace the host's.
-        Returns the packed result rows `[B, 2 + W]` (static buffer: read before the next replay)."""
+        Returns the packed result rows `[B, 2 + 2W]` (static buffer: read before the next replay)."""
         B = len(seqs)
         bs = self.bucket_for(B)
         st = self.static[bs, all(s.params.greedy for s in seqs)]
@@ -191,3 +198,39 @@ class GraphedStep:
         st.packed.flat.copy_(host.flat, non_blocking=True)
         self._replay(st, bs)
         return st.outputs[2][:B]
+
+
+class WidthGraphs:
+    """One `GraphedStep` per verify width the speculation policy may choose (engine/spec_policy.py),
+    sharing one memory pool, carry buffer and replay count. Static policy: the method's width
+    only. Capture time and graph memory grow with the number of widths (logged)."""
+
+    def __init__(self, make_step, widths: list[int], **kwargs):
+        """`make_step(width)` → the `device_step(inputs, tree)` captured at that width;
+        `kwargs`: `GraphedStep`'s other arguments."""
+        if not widths:
+            raise ValueError("widths must be non-empty")
+        self.by_width: dict[int, GraphedStep] = {}
+        first = None
+        for w in sorted(widths, reverse=True):
+            graphed = GraphedStep(make_step(w), w, share=first, **kwargs)
+            graphed.capture()
+            first = first or graphed
+            first.pool = graphed.pool
+            self.by_width[w] = graphed
+        self.capture_seconds = sum(g.capture_seconds for g in self.by_width.values())
+        if len(widths) > 1:
+            log.info("CUDA graphs for %d verify widths %s captured in %.1f s", len(widths), sorted(widths),
+                     self.capture_seconds)
+
+    def at(self, width: int) -> GraphedStep:
+        if width not in self.by_width:
+            raise ValueError(f"no CUDA graphs were captured at verify width {width} ({sorted(self.by_width)})")
+        return self.by_width[width]
+
+    @property
+    def pool(self):
+        return next(iter(self.by_width.values())).pool
+
+    def can_run(self, batch_size: int, needs_eager: str | None = None) -> bool:
+        return next(iter(self.by_width.values())).can_run(batch_size, needs_eager)

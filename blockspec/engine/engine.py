@@ -8,6 +8,7 @@ happens on the host after a step: committing tokens, stops, detokenization.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from blockspec.engine.overlap import InFlightStep, launch_decode
 from blockspec.engine.prefill_graphs import GraphedPrefill, prefill_and_sample
 from blockspec.engine.runner import ModelRunner
 from blockspec.engine.scheduler import Scheduler
+from blockspec.engine.spec_policy import SpecPolicy
 from blockspec.engine.sequence import Sequence, Status
 from blockspec.engine.stops import first_stop_string, stop_prefix_holdback, token_stop_reason
 from blockspec.grammar.matcher import GrammarCompiler
@@ -135,6 +137,11 @@ class Engine:
         self.verify_rule = (config.spec_verify if config.spec_verify != "auto" else
                             "rejection" if getattr(self.proposer, "sample_drafts", False) else "target-only")
         self.spec_step = SpeculativeStep(self.proposer, self.verify_rule)
+        # Each step's verify width (plain, a shorter chain, a smaller tree), chosen from the past
+        # only (engine/spec_policy.py; static: always the full width).
+        from blockspec.engine.cuda_graphs import batch_buckets
+        self.policy = SpecPolicy(config.spec_policy, self.spec_step.full_width, self.proposer.builds_trees,
+                                 batch_buckets(config.max_running_requests)) if self.proposer else None
         # Per-position transforms of the target's logits (docs/logits_processing.md); a step runs
         # the ones its requests ask for. The grammar's mask comes last: nothing after it may lift
         # a forbidden token off −inf.
@@ -172,15 +179,15 @@ class Engine:
             self.model.free_cache(self.cache)
 
     def capture_graphs(self):
-        """CUDA graphs of the decode step (plain decoding is a verify of width 1)."""
-        from blockspec.engine.cuda_graphs import GraphedStep
-        width = 1 + (self.proposer.max_nodes if self.proposer else 0)
-        graphed = GraphedStep(lambda inputs, tree: self.spec_step.device_step(self.runner, inputs, tree),
-                              width, self.spec_step.uniforms_per_row, self.page_tables.max_pages, self.config.page_size,
-                              bool(self.proposer and self.proposer.builds_trees), self.spec_step.drafts_on_device,
-                              self.device, min(self.config.cuda_graph_max_bs, self.config.max_running_requests))
-        graphed.capture()
-        return graphed
+        """CUDA graphs of the decode step (plain decoding is a verify of width 1): one set per
+        verify width the policy may choose (`WidthGraphs`), so adaptive steps replay too."""
+        from blockspec.engine.cuda_graphs import WidthGraphs
+        kwargs = dict(num_uniforms=self.spec_step.uniforms_per_row, max_pages=self.page_tables.max_pages,
+                      page_size=self.config.page_size, tree_shaped=bool(self.proposer and self.proposer.builds_trees),
+                      drafts_on_device=self.spec_step.drafts_on_device, device=self.device,
+                      max_bs=min(self.config.cuda_graph_max_bs, self.config.max_running_requests))
+        make = lambda w: lambda inputs, tree: self.spec_step.device_step(self.runner, inputs, tree, width=w)  # noqa: E731
+        return WidthGraphs(make, self.policy.widths if self.policy else [1], **kwargs)
 
     # ---- requests -------------------------------------------------------------------------
     def _verify_label(self, params) -> str:
@@ -232,6 +239,8 @@ class Engine:
         state = self._requests.pop(request_id, None)
         if state is not None:
             self.scheduler.remove(state.seq)
+            if self.policy:
+                self.policy.forget(request_id)
             state.seq.status = Status.FINISHED
             state.seq.finish_reason = "abort"
 
@@ -299,27 +308,34 @@ class Engine:
         processors, num_logprobs = self._step_options(seqs)
         # The graphs carry no processor or logprob state (StepInputs.needs_eager).
         graphable = not processors and num_logprobs is None
+        width = self.policy.choose(seqs) if self.policy else 1
+        started = time.perf_counter()
+        graphed = self.graphed.at(width) if self.graphed is not None else None
         if self.overlap and graphable and self.graphed.can_run(len(seqs)):
-            launched = launch_decode(self.graphed, seqs, uniforms, self.in_flight)
+            launched = launch_decode(graphed, seqs, uniforms, self.in_flight)
+            launched.width, launched.started = width, started
             outputs = self._finish_in_flight() if self.in_flight is not None else []
             self.in_flight = launched
             return outputs
         inputs = decode_inputs(seqs, uniforms, self.cache.page_size, self.device)
         inputs.processors, inputs.num_logprobs = processors, num_logprobs
-        return self._commit_step(seqs, self.spec_step.run(self.runner, inputs, self.graphed))
+        step = self.spec_step.run(self.runner, inputs, graphed, width if self.policy else None)
+        if self.policy:
+            self.policy.observe(seqs, width, started, step)
+        return self._commit_step(seqs, step, width)
 
     def _finish_in_flight(self) -> list[StepOutput]:
         """Read and commit the step in flight. Rows whose request finished or was aborted
         meanwhile are dropped (that request's output is complete)."""
         flight, self.in_flight = self.in_flight, None
         step = flight.result()
+        if self.policy:
+            self.policy.observe(flight.seqs, flight.width, flight.started, step)
         live = [i for i, s in enumerate(flight.seqs)
                 if (state := self._requests.get(s.request_id)) is not None and state.seq is s]
-        return self._commit_step([flight.seqs[i] for i in live],
-                                 StepResult(*([getattr(step, f)[i] for i in live]
-                                              for f in ("committed", "accepted", "drafted"))))
+        return self._commit_step([flight.seqs[i] for i in live], step.rows(live), flight.width)
 
-    def _commit_step(self, seqs: list[Sequence], step: StepResult) -> list[StepOutput]:
+    def _commit_step(self, seqs: list[Sequence], step: StepResult, width: int) -> list[StepOutput]:
         outputs = []
         logprobs = step.logprobs or [None] * len(seqs)
         for s, committed, accepted, drafted, lps in zip(seqs, step.committed, step.accepted, step.drafted, logprobs):
@@ -327,7 +343,7 @@ class Engine:
             out = self._commit(self._requests[s.request_id], committed, lps)
             if self.proposer:
                 # Committed = what was kept: a stop or max_tokens may cut the block short.
-                s.metrics.record_step(drafted, accepted, len(out.new_token_ids))
+                s.metrics.record_step(drafted, accepted, len(out.new_token_ids), self.policy.name(width))
                 out.metrics = s.metrics.snapshot()
             outputs.append(out)
         return outputs
@@ -388,6 +404,8 @@ class Engine:
             seq.status = Status.FINISHED
             self.scheduler.remove(seq)
             del self._requests[seq.request_id]
+            if self.policy:
+                self.policy.forget(seq.request_id)
         kept_logprobs = None
         if params.logprobs is not None and logprobs is not None:
             k = params.logprobs

@@ -18,6 +18,8 @@ class SpecMetrics:
     verify: how this request's drafts were verified: "greedy" (the argmax walk), "rejection"
     (drafts sampled from q, rejection sampling), "target-only", "none" without speculation, or
     "mixed" for totals over requests verified differently.
+    configurations: verify steps per configuration run ("plain", "chain4", "tree7": the adaptive
+    policy's choices, engine/spec_policy.py; static runs report the method's one).
     """
 
     algorithm: str = "none"
@@ -27,13 +29,17 @@ class SpecMetrics:
     committed_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     verify: str = "none"
+    configurations: dict[str, int] = field(default_factory=dict)
 
     @property
     def accept_length(self) -> float:
         return self.committed_tokens / self.verify_steps if self.verify_steps else 0.0
 
-    def record_step(self, drafted: int, accepted: int, committed: int) -> None:
-        """One verify step: `accepted` drafts on the verifier's walk, `committed` tokens kept."""
+    def record_step(self, drafted: int, accepted: int, committed: int, configuration: str | None = None) -> None:
+        """One verify step: `accepted` drafts on the verifier's walk, `committed` tokens kept,
+        run as `configuration` (`spec_policy.config_name`)."""
+        if configuration is not None:
+            self.configurations[configuration] = self.configurations.get(configuration, 0) + 1
         accepted = min(accepted, committed)  # drafts past a cut were never emitted
         self.verify_steps += 1
         self.drafted_tokens += drafted
@@ -55,11 +61,14 @@ class SpecMetrics:
         self.accepted_per_position.extend([0] * (n - len(self.accepted_per_position)))
         for k, c in enumerate(other.accepted_per_position):
             self.accepted_per_position[k] += c
+        for name, c in other.configurations.items():
+            self.configurations[name] = self.configurations.get(name, 0) + c
 
     def snapshot(self) -> "SpecMetrics":
         """An independent copy (outputs outlive the step that produced them)."""
         return SpecMetrics(self.algorithm, self.verify_steps, self.drafted_tokens, self.accepted_tokens,
-                           self.committed_tokens, list(self.accepted_per_position), self.verify)
+                           self.committed_tokens, list(self.accepted_per_position), verify=self.verify,
+                           configurations=dict(self.configurations))
 
     def to_dict(self) -> dict:
         return {
@@ -69,6 +78,7 @@ class SpecMetrics:
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
             "accept_length": round(self.accept_length, 4),
+            "configurations": dict(self.configurations),
         }
 
 

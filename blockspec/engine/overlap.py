@@ -27,7 +27,7 @@ from blockspec.speculative.step import StepResult
 
 @dataclass
 class InFlightStep:
-    """A launched decode step. `host` is `[B, 2 + W]` (accepted, drafted, committed…), valid
+    """A launched decode step. `host` is `[B, 2 + 2W]` (accepted, drafted, committed, path), valid
     once `ready` has completed; `replay` numbers the graph replay it was (its carry is fresh
     only until the next one)."""
 
@@ -35,6 +35,8 @@ class InFlightStep:
     host: torch.Tensor
     ready: "torch.cuda.Event | None"
     replay: int
+    width: int = 1           # the verify width it was launched at (engine/spec_policy.py)
+    started: float = 0.0     # perf_counter at its launch
 
     def result(self) -> StepResult:
         """Wait for the step and read its result (the step's one host synchronisation)."""

@@ -24,22 +24,40 @@ _TPOT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0
                  0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 
 
+# Verify widths of the adaptive policy's configurations (engine/spec_policy.py), as histogram buckets.
+_WIDTH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+def configuration_width(name: str) -> int:
+    """Verify width of a configuration name: plain 1, chainK K, treeB B + 1."""
+    if name == "plain":
+        return 1
+    if name.startswith("chain") and name[5:].isdigit():
+        return int(name[5:])
+    if name.startswith("tree") and name[4:].isdigit():
+        return int(name[4:]) + 1
+    raise ValueError(f"configuration must be plain, chainK or treeB, got {name!r}")
+
+
 @dataclass
 class _SpecCounts:
     verify_steps: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     committed_tokens: int = 0
+    configurations: dict | None = None     # name → verify steps
 
     @classmethod
     def of(cls, m: SpecMetrics) -> "_SpecCounts":
-        return cls(m.verify_steps, m.drafted_tokens, m.accepted_tokens, m.committed_tokens)
+        return cls(m.verify_steps, m.drafted_tokens, m.accepted_tokens, m.committed_tokens, dict(m.configurations))
 
     def minus(self, other: "_SpecCounts") -> "_SpecCounts":
+        mine, theirs = self.configurations or {}, other.configurations or {}
         return _SpecCounts(self.verify_steps - other.verify_steps,
                            self.drafted_tokens - other.drafted_tokens,
                            self.accepted_tokens - other.accepted_tokens,
-                           self.committed_tokens - other.committed_tokens)
+                           self.committed_tokens - other.committed_tokens,
+                           {k: n - theirs.get(k, 0) for k, n in mine.items() if n != theirs.get(k, 0)})
 
 
 class SpecDeltas:
@@ -84,6 +102,11 @@ class ServerMetrics:
         self.committed_tokens = Counter(PREFIX + "spec_committed_tokens",
                                         "Tokens committed by verify steps (accepted + bonus, after stops)",
                                         registry=r)
+        self.configuration_steps = Counter(PREFIX + "spec_configuration_steps",
+                                           "Request verify steps per configuration the speculation policy ran "
+                                           "(plain, chainK, treeB)", ["configuration"], registry=r)
+        self.verify_width = Histogram(PREFIX + "spec_verify_width", "Verify width of each request verify step "
+                                      "(plain 1, chain length, tree budget + 1)", buckets=_WIDTH_BUCKETS, registry=r)
         self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time to first token",
                               buckets=_TTFT_BUCKETS, registry=r)
         self.tpot = Histogram(PREFIX + "time_per_output_token_seconds",
@@ -129,6 +152,10 @@ class ServerMetrics:
         self.drafted_tokens.inc(max(spec.drafted_tokens, 0))
         self.accepted_tokens.inc(max(spec.accepted_tokens, 0))
         self.committed_tokens.inc(max(spec.committed_tokens, 0))
+        for name, n in (spec.configurations or {}).items():
+            self.configuration_steps.labels(configuration=name).inc(max(n, 0))
+            for _ in range(max(n, 0)):
+                self.verify_width.observe(configuration_width(name))
         timing = self._timings.get(output.request_id)
         if timing is not None and timing.first_token is None and output.new_token_ids:
             timing.first_token = now

@@ -296,6 +296,7 @@ class SpecDecodingInfo(BaseModel):
     drafted_tokens: int
     accepted_tokens: int
     accept_length: float
+    configurations: dict[str, int]   # verify steps per configuration run (docs/adaptive.md)
 
 
 class ErrorDetail(BaseModel):

@@ -15,12 +15,19 @@ from blockspec.server.metrics import SpecDeltas
 DEFAULT_LOG_INTERVAL = 10.0
 
 
-def format_stats_line(stats, accept_length: float, throughput: float) -> str:
+def format_stats_line(stats, accept_length: float, throughput: float, configurations: dict | None = None) -> str:
+    """SGLang's line; `configurations` (name → request verify steps in the window, the
+    speculation policy's choices) appends their shares, most used first."""
     total = stats.kv_tokens_total
     usage = stats.kv_tokens_used / total if total else 0.0
-    return (f"Decode batch, #running-req: {stats.num_running}, #token: {stats.kv_tokens_used}, "
+    line = (f"Decode batch, #running-req: {stats.num_running}, #token: {stats.kv_tokens_used}, "
             f"token usage: {usage:.2f}, accept len: {accept_length:.2f}, "
             f"gen throughput (token/s): {throughput:.2f}, #queue-req: {stats.num_waiting}")
+    steps = sum((configurations or {}).values())
+    if steps:
+        shares = sorted(configurations.items(), key=lambda kv: (-kv[1], kv[0]))
+        line += ", spec config: " + " ".join(f"{name} {100 * n / steps:.0f}%" for name, n in shares)
+    return line
 
 
 class StatsLogger:
@@ -39,6 +46,7 @@ class StatsLogger:
         self._tokens = 0
         self._verify_steps = 0
         self._committed = 0
+        self._configurations: dict[str, int] = {}
 
     # ---- EngineObserver -----------------------------------------------------------------------
     def on_request_added(self, request_id: str, num_prompt_tokens: int, now: float) -> None:
@@ -50,6 +58,8 @@ class StatsLogger:
             spec = self._spec.delta(output)
             self._verify_steps += spec.verify_steps
             self._committed += spec.committed_tokens
+            for name, n in (spec.configurations or {}).items():
+                self._configurations[name] = self._configurations.get(name, 0) + n
 
     def on_step_done(self, stats, step_seconds: float, now: float) -> None:
         if self._window_start is None:
@@ -57,7 +67,7 @@ class StatsLogger:
         elapsed = now - self._window_start
         if elapsed >= self.interval and stats is not None:
             accept = self._committed / self._verify_steps if self._verify_steps else 0.0
-            self.logger.info(format_stats_line(stats, accept, self._tokens / elapsed))
+            self.logger.info(format_stats_line(stats, accept, self._tokens / elapsed, self._configurations))
             self._reset(window_start=now)
 
     def on_idle(self, stats, now: float) -> None:

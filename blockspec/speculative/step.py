@@ -16,7 +16,7 @@ from blockspec.batch import StepInputs
 from blockspec.speculative.logits_processing import VerifyPositions, process_logits
 from blockspec.logprobs import TokenLogprob, pack_logprobs, path_logprobs, unpack_logprobs
 from blockspec.sampling import filtered_probs
-from blockspec.speculative.tree import DraftTree, accepted_kv_indices, chain_tree
+from blockspec.speculative.tree import DraftTree, accepted_kv_indices, chain_tree, truncate_tree
 from blockspec.speculative.verify import (VerifyResult, verify_chain_rejection, verify_tree, verify_tree_greedy,
                                           verify_mixed_tree)
 
@@ -31,13 +31,15 @@ class TargetForward(Protocol):
 
 @dataclass
 class StepResult:
-    """Per row: committed tokens, how many were accepted drafts, how many were drafted, and
-    (when the step was asked for them) the committed tokens' log-probabilities with the k
+    """Per row: committed tokens, how many were accepted drafts, how many were drafted, the
+    accepted drafts' node indices (what the adaptive policy learns from: `engine/acceptance.py`)
+    and (when the step was asked for them) the committed tokens' log-probabilities with the k
     alternatives the step computed (each request keeps as many as it asked for)."""
 
     committed: list[list[int]]
     accepted: list[int]
     drafted: list[int]
+    path_nodes: list[list[int]] | None = None
     logprobs: list[list[TokenLogprob]] | None = None
 
     @classmethod
@@ -49,22 +51,30 @@ class StepResult:
             return cls.from_rows(packed_result(result, num_nodes).tolist())
         packed = torch.cat([packed_result(result, num_nodes).double(), pack_logprobs(lp)], dim=1).tolist()
         width, k = result.committed.shape[1], lp.top_ids.shape[-1]
-        step = cls.from_rows([[int(x) for x in row[:2 + width]] for row in packed])
-        step.logprobs = [unpack_logprobs(row[2 + width:], tokens, width, k) for row, tokens in zip(packed, step.committed)]
+        step = cls.from_rows([[int(x) for x in row[:2 + 2 * width]] for row in packed])
+        step.logprobs = [unpack_logprobs(row[2 + 2 * width:], tokens, width, k)
+                         for row, tokens in zip(packed, step.committed)]
         return step
 
     @classmethod
     def from_rows(cls, rows: list[list[int]]) -> "StepResult":
-        """From `packed_result`'s rows, read on the host."""
+        """From `packed_result`'s rows `[2 + 2 (D + 1)]`, read on the host."""
         accepted = [row[0] for row in rows]
-        return cls([row[2:2 + a + 1] for row, a in zip(rows, accepted)], accepted, [row[1] for row in rows])
+        w = (len(rows[0]) - 2) // 2 if rows else 0
+        return cls([row[2:2 + a + 1] for row, a in zip(rows, accepted)], accepted, [row[1] for row in rows],
+                   [row[2 + w + 1:2 + w + 1 + a] for row, a in zip(rows, accepted)])
+
+    def rows(self, keep: list[int]) -> "StepResult":
+        """The result of rows `keep` only (logprobs dropped: overlapped steps have none)."""
+        pick = lambda xs: None if xs is None else [xs[i] for i in keep]  # noqa: E731
+        return StepResult(pick(self.committed), pick(self.accepted), pick(self.drafted), pick(self.path_nodes))
 
 
 def packed_result(result: VerifyResult, num_nodes: torch.Tensor) -> torch.Tensor:
-    """`[B, 2 + D + 1]` per row: accepted drafts, drafted nodes, the committed tokens — what the
-    host reads of a step, as one tensor (one copy)."""
+    """`[B, 2 + 2 (D + 1)]` per row: accepted drafts, drafted nodes, the committed tokens, the
+    accepted path's node indices — what the host reads of a step, as one tensor (one copy)."""
     return torch.cat([result.accept_len[:, None], num_nodes[:, None].to(result.committed.dtype),
-                      result.committed], dim=1)
+                      result.committed, result.path.to(result.committed.dtype)], dim=1)
 
 
 class SpeculativeStep:
@@ -93,20 +103,48 @@ class SpeculativeStep:
         draft included, is then one capturable function (`device_step`)."""
         return self.proposer is None or self.proposer.drafts_on_device
 
-    def draft(self, inputs: StepInputs) -> tuple[DraftTree, torch.Tensor | None]:
+    @property
+    def full_width(self) -> int:
+        """The method's verify width N + 1 (1 without a proposer)."""
+        return 1 + (self.proposer.max_nodes if self.proposer else 0)
+
+    def draft(self, inputs: StepInputs, width: int | None = None,
+              row_widths: torch.Tensor | None = None) -> tuple[DraftTree, torch.Tensor | None]:
+        """The step's tree: the proposer's, cut to `width` nodes (root included) and per row to
+        `row_widths` (`truncate_tree`). Width 1 for the whole batch skips the drafter: plain
+        decoding (its context still learns the committed token in `on_verify`).
+
+        Why a chosen width keeps verification lossless: `width` and `row_widths` are fixed
+        before the step from past steps only (the adaptive policy never sees this step's target
+        output), the uniforms' layout does not depend on them (`uniforms_per_row`, the fixed
+        offsets in `verify`), and every verifier is exact for any tree it is given, so every
+        committed token is still an exact draw from the target whatever was chosen."""
+        if width is not None and width == 1 and row_widths is None:
+            empty = torch.zeros(inputs.batch_size, 0, dtype=torch.long, device=inputs.device)
+            return chain_tree(empty, inputs.roots), None
+        tree, draft_probs = self._draft_full(inputs)
+        if (width is not None and width < tree.width) or row_widths is not None:
+            tree = truncate_tree(tree, min(width or tree.width, tree.width), row_widths)
+        return tree, draft_probs
+
+    def _draft_full(self, inputs: StepInputs) -> tuple[DraftTree, torch.Tensor | None]:
         if self.proposer is None:
             empty = torch.zeros(inputs.batch_size, 0, dtype=torch.long, device=inputs.device)
             return chain_tree(empty, inputs.roots), None
         tree, draft_probs = self.proposer.propose(inputs.seqs, inputs)
         return tree.to(inputs.device), draft_probs
 
-    def run(self, runner: TargetForward, inputs: StepInputs, graphed=None) -> StepResult:
-        """One decode step. `graphed(inputs, tree)`, when given and able to take this batch,
-        replays a captured `device_step` (CUDA graphs) and must return exactly what it would."""
+    def run(self, runner: TargetForward, inputs: StepInputs, graphed=None, width: int | None = None,
+            row_widths: torch.Tensor | None = None) -> StepResult:
+        """One decode step at verify `width` (None: the method's full width; see `draft`).
+        `graphed(inputs, tree)`, when given and able to take this batch, replays a captured
+        `device_step` at that width (CUDA graphs) and must return exactly what it would."""
         tree = draft_probs = None
         cutters = [p for p in inputs.processors if hasattr(p, "constrain_tree")]
-        if not self.drafts_on_device or cutters:  # host-side drafting (n-gram lookup, DDTree's heap)
-            tree, draft_probs = self.draft(inputs)
+        if not self.drafts_on_device or cutters or row_widths is not None:
+            # Host-side drafting (n-gram lookup, DDTree's heap), or per-row widths (eager).
+            tree, draft_probs = self.draft(inputs, width, row_widths)
+            graphed = None if row_widths is not None else graphed
         for cutter in cutters:
             # Drafts a processor forbids (a grammar's) are cut before the target forward.
             tree = cutter.constrain_tree(inputs.seqs, tree, sampled_drafts=draft_probs is not None)
@@ -117,11 +155,13 @@ class SpeculativeStep:
         return StepResult.from_device(result, num_nodes)
 
     def device_step(self, runner: TargetForward, inputs: StepInputs, tree: DraftTree | None = None,
-                    draft_probs: torch.Tensor | None = None) -> tuple[VerifyResult, torch.Tensor]:
-        """Draft (unless `tree` is given), verify, accept, feed the drafter the committed path.
-        Device work only, no host sync. Returns the verify result and the drafted node counts."""
+                    draft_probs: torch.Tensor | None = None,
+                    width: int | None = None) -> tuple[VerifyResult, torch.Tensor]:
+        """Draft at verify `width` (unless `tree` is given), verify, accept, feed the drafter the
+        committed path. Device work only, no host sync. Returns the verify result and the
+        drafted node counts."""
         if tree is None:
-            tree, draft_probs = self.draft(inputs)
+            tree, draft_probs = self.draft(inputs, width)
         result, path_features = self.verify_accept(runner, inputs, tree, draft_probs)
         if self.proposer is not None and path_features is not None:
             self.proposer.on_verify(inputs, result.accept_len, path_features)
@@ -162,14 +202,20 @@ class SpeculativeStep:
                uniforms: torch.Tensor, greedy_rows: torch.Tensor | None = None) -> VerifyResult:
         """Target-only tree walk, rejection sampling of a chain sampled from q, or recursive
         rejection sampling of a tree sampled from q with greedy rows walked (docs/verification.md)."""
+        if tree.width == 1:
+            # Plain decoding (the adaptive policy's width 1): no drafts, one draw from p.
+            return verify_tree(probs, tree.tokens, tree.parents, uniforms)
         if self.sampled_trees:
             if draft_probs is None:
                 # Sampled rows' children came from q: without it they cannot be verified, and
                 # no q is made up for them.
                 raise ValueError("spec_verify 'rejection' on a tree: the proposer gave no draft distribution q")
-            return verify_mixed_tree(probs, draft_probs, tree, uniforms, greedy_rows, self.max_depth)
+            return verify_mixed_tree(probs, draft_probs, tree, uniforms, greedy_rows, self.max_depth,
+                                     layout_nodes=self.proposer.max_nodes)
         if draft_probs is None:
             return verify_tree(probs, tree.tokens, tree.parents, uniforms)
-        L = tree.width - 1
-        return verify_chain_rejection(probs, draft_probs, tree.tokens[:, 1:], uniforms[:, L:2 * L],
-                                      uniforms[:, 2 * L:3 * L + 1], tree.num_nodes)
+        # The uniforms' layout is the full chain's (M = max depth): a shorter chain (adaptive)
+        # reads the first L of each part, never the draft part's uniforms.
+        L, M = tree.width - 1, self.max_depth
+        return verify_chain_rejection(probs, draft_probs[:, :L], tree.tokens[:, 1:], uniforms[:, M:M + L],
+                                      uniforms[:, 2 * M:2 * M + L + 1], tree.num_nodes)

@@ -231,3 +231,37 @@ def accepted_kv_indices(path: torch.Tensor, accept_len: torch.Tensor) -> tuple[t
     keep = (steps[None, :] <= accept_len[:, None]) & (path >= 0)
     src = torch.where(keep, path, 0).to(torch.int64)
     return src, keep
+
+
+def truncate_tree(tree: DraftTree, width: int, row_widths: torch.Tensor | None = None) -> DraftTree:
+    """The first `width` nodes of every row (root included): the adaptive policy's chain of
+    length `width`, or tree of budget `width − 1` (`engine/spec_policy.py`).
+
+    Parents precede children, so a prefix of the nodes is a tree. For a chain it is the chain of
+    that length; for a best-first tree (`build_tree` numbers nodes in pop order) it is the tree
+    `build_tree` would give for budget `width − 1`; for children drawn in index order
+    (`sampled_tree`) it keeps the first draws, still draws from q without replacement.
+    `row_widths [B]` (optional, each ≤ width) narrows single rows further: their later nodes
+    become padding, so a batch can mix rows that speculate with rows that decode plainly
+    (row width 1) in one verify. Returns `[B, width]` fields, `max_depth ≤ width − 1`.
+    """
+    if not 1 <= width <= tree.width:
+        raise ValueError(f"width must be between 1 and the tree's width {tree.width}, got {width}")
+    keep = lambda t: t[:, :width]  # noqa: E731
+    tokens, parents, depths, logprob = keep(tree.tokens), keep(tree.parents), keep(tree.depths), keep(tree.logprob)
+    limit = torch.full_like(tree.num_nodes, width - 1)
+    if row_widths is not None:
+        row_widths = row_widths.to(device=tokens.device, dtype=torch.int64)
+        if row_widths.shape != tree.num_nodes.shape:
+            raise ValueError(f"row_widths must be [B] = {tuple(tree.num_nodes.shape)}, got {tuple(row_widths.shape)}")
+        node = torch.arange(width, device=tokens.device)
+        padding = (node[None, :] >= row_widths[:, None]) & (node[None, :] > 0)
+        tokens = torch.where(padding, 0, tokens)
+        parents = torch.where(padding, PAD_PARENT, parents)
+        depths = torch.where(padding, 0, depths)
+        logprob = torch.where(padding, 0.0, logprob)
+        limit = torch.minimum(limit, (row_widths - 1).clamp(min=0))
+    num_nodes = torch.minimum(tree.num_nodes, limit)
+    max_depth = min(tree.max_depth if tree.max_depth is not None else width - 1, width - 1)
+    return DraftTree(tokens.contiguous(), parents.contiguous(), depths.contiguous(), num_nodes, logprob.contiguous(),
+                     max_depth, tree.is_chain)

@@ -310,7 +310,8 @@ def verify_sampled_tree(
 
 
 def verify_mixed_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tree: DraftTree,
-                      uniforms: torch.Tensor, greedy_rows: torch.Tensor, max_depth: int) -> VerifyResult:
+                      uniforms: torch.Tensor, greedy_rows: torch.Tensor, max_depth: int,
+                      layout_nodes: int | None = None) -> VerifyResult:
     """The per-request rule for a batch of DDTree trees under `spec_verify="rejection"`:
     greedy rows (`greedy_rows [B]` bool) keep the target-only walk over their top-k tree; the
     others verify their sampled children by recursive rejection sampling.

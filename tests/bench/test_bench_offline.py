@@ -23,7 +23,8 @@ def test_offline_dflash_json_has_accept_length_acceptance_and_speedup(qwen3_dir,
     out = tmp_path / "offline.json"
     code = run_cli(["bench", "offline", "--model", qwen3_dir, "--draft-model", drafter, "--spec", "dflash",
                     "--dataset", "random,humaneval", "--num-prompts", "2", "--temperature", "0,1",
-                    "--max-tokens", "6", "--random-input-len", "8", "--output", str(out), "--no-progress"])
+                    "--max-tokens", "6", "--random-input-len", "8", "--output", str(out), "--no-progress",
+                    "--spec-policy", "static"])   # the full block every step: drafted = steps × (block − 1)
     assert code == 0
     doc = json.loads(out.read_text())
     assert doc["spec"] == "dflash" and doc["command"]

@@ -37,7 +37,10 @@ def requests(n=7):
 
 def engine_for(model, spec, drafter, graphs: bool, max_bs: int = 4, backend: str = "reference",
                overlap: bool = False, **settings):
-    """`overlap`: overlapped decoding (engine/overlap.py), which on CPU runs on the static buffers too."""
+    """`overlap`: overlapped decoding (engine/overlap.py), which on CPU runs on the static buffers too.
+    The speculation policy is static unless `spec_policy` is given: an adaptive width depends on
+    timings, which differ between the two engines a test compares (`cycling_widths` pins them)."""
+    settings.setdefault("spec_policy", "static")
     cfg = EngineConfig(model=model, device=DEVICE, spec=spec, draft_model=drafter if spec in ("dflash", "ddtree") else None,
                        tree_budget=6 if spec == "ddtree" else None, cuda_graph=graphs, cuda_graph_max_bs=max_bs,
                        attention_backend=backend, overlap_schedule=overlap, **settings)
@@ -48,3 +51,38 @@ def engine_for(model, spec, drafter, graphs: bool, max_bs: int = 4, backend: str
             engine.overlap, engine.scheduler.steps_ahead = True, 1
     assert engine.overlap == (overlap and graphs and engine.spec_step.drafts_on_device)
     return engine
+
+
+def cycling_widths(monkeypatch) -> None:
+    """Adaptive engines whose width changes every step, from a step count (the same in every
+    engine): graphs of every width run, and eager and graphed engines stay comparable."""
+    from blockspec.engine.spec_policy import SpecPolicy
+
+    def choose(self, seqs):
+        self._k = getattr(self, "_k", -1) + 1
+        return self.widths[(self._k * 3) % len(self.widths)]
+    monkeypatch.setattr(SpecPolicy, "choose", choose)
+
+
+class GraphSpy:
+    """Stands in for an engine's `WidthGraphs`, recording (batch, bucket, all_greedy, width) of
+    every graphed step and checking that padding rows point at page 0 only."""
+
+    def __init__(self, graphs, check=None):
+        self.graphs, self.used, self.check = graphs, [], check
+        self.can_run, self.pool = graphs.can_run, graphs.pool
+
+    def at(self, width):
+        graphed_fn = self.graphs.at(width)
+
+        def spy(inputs, tree):
+            if self.check is not None:
+                self.check(inputs)
+            B, bucket = inputs.batch_size, graphed_fn.bucket_for(inputs.batch_size)
+            out = graphed_fn(inputs, tree)
+            # Padding rows (a batch of 3 in the bucket of 4) point at page 0 only: never a live page.
+            assert graphed_fn.static[bucket, inputs.all_greedy].packed.page_table[B:].eq(0).all()
+            self.used.append((B, bucket, inputs.all_greedy, width))
+            return out
+        spy.can_run = graphed_fn.can_run
+        return spy

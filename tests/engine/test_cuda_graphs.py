@@ -14,7 +14,7 @@ import pytest
 
 from blockspec.engine.cuda_graphs import batch_buckets
 from blockspec.sampling import SamplingParams
-from graph_fixtures import DEVICE, engine_for, requests, run
+from graph_fixtures import DEVICE, GraphSpy, cycling_widths, engine_for, requests, run
 
 BACKENDS = ["reference", "triton"] if DEVICE == "cuda" else ["reference"]
 
@@ -24,26 +24,16 @@ def test_buckets():
     assert batch_buckets(5) == [1, 2, 4, 5]
 
 
-def graphed_run(qwen3_dir, drafter, spec, max_bs, caplog, backend="reference"):
-    """Outputs of the eager and the graphed engine, and the (batch, bucket) of each graphed step."""
+def graphed_run(qwen3_dir, drafter, spec, max_bs, caplog, backend="reference", **settings):
+    """Outputs of the eager and the graphed engine, and the (batch, bucket, greedy, width) of
+    each graphed step."""
     reqs = requests()
-    eager = run(engine_for(qwen3_dir, spec, drafter, graphs=False, backend=backend), reqs)
-    graphed_engine = engine_for(qwen3_dir, spec, drafter, graphs=True, max_bs=max_bs, backend=backend)
-    graphed_fn, used = graphed_engine.graphed, []
-
-    def spy(inputs, tree):
-        B, bucket = inputs.batch_size, graphed_fn.bucket_for(inputs.batch_size)
-        out = graphed_fn(inputs, tree)
-        # Padding rows (a batch of 3 in the bucket of 4) point at page 0 only: never a live page.
-        assert graphed_fn.static[bucket, inputs.all_greedy].packed.page_table[B:].eq(0).all()
-        used.append((B, bucket, inputs.all_greedy))
-        return out
-
-    spy.can_run = graphed_fn.can_run
-    graphed_engine.graphed = spy
+    eager = run(engine_for(qwen3_dir, spec, drafter, graphs=False, backend=backend, **settings), reqs)
+    graphed_engine = engine_for(qwen3_dir, spec, drafter, graphs=True, max_bs=max_bs, backend=backend, **settings)
+    spy = graphed_engine.graphed = GraphSpy(graphed_engine.graphed)
     with caplog.at_level(logging.WARNING, logger="blockspec.cuda_graphs"):
         graphed = run(graphed_engine, reqs)
-    return eager, graphed, used
+    return eager, graphed, [u[:3] for u in spy.used] if not settings else spy.used
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -54,6 +44,16 @@ def test_graphed_steps_equal_eager(qwen3_dir, drafter, spec, backend, caplog):
     assert {1, 2, 4} <= {bucket for _, bucket, _ in used}    # the batch shrank through every bucket
     assert {True, False} <= {greedy for _, _, greedy in used}  # all-greedy batches and sampled ones
     assert any("exceeds the largest CUDA graph" in r.message for r in caplog.records)  # 7 > 4: eager, logged
+
+
+@pytest.mark.parametrize("spec", ["ngram", "dflash", "ddtree"])
+def test_adaptive_width_graphs_equal_eager(qwen3_dir, drafter, spec, caplog, monkeypatch):
+    """Graphs captured per verify width (the adaptive policy's widths) replay exactly what the
+    eager step computes at that width, across widths changing every step."""
+    cycling_widths(monkeypatch)
+    eager, graphed, used = graphed_run(qwen3_dir, drafter, spec, 4, caplog, spec_policy="adaptive")
+    assert graphed == eager
+    assert {w for *_, w in used} == {1, 2, 4, {"ngram": 8, "dflash": 5, "ddtree": 7}[spec]}
 
 
 @pytest.mark.parametrize("spec", ["none", "ddtree"])
@@ -73,15 +73,12 @@ def test_batches_with_penalties_or_logprobs_run_eagerly_and_say_so(qwen3_dir, dr
     reqs[2] = (reqs[2][0], reqs[2][1], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2))
     eager = run(engine_for(qwen3_dir, spec, drafter, graphs=False), reqs)
     engine = engine_for(qwen3_dir, spec, drafter, graphs=True)
-    graphed_fn, used = engine.graphed, []
+    graphed_fn = engine.graphed.at(engine.spec_step.full_width)
 
-    def spy(inputs, tree):
+    def check(inputs):
         assert inputs.needs_eager is None
-        used.append(inputs.batch_size)
-        return graphed_fn(inputs, tree)
-
-    spy.can_run = graphed_fn.can_run
-    engine.graphed = spy
+    spy = engine.graphed = GraphSpy(engine.graphed, check)
+    used = spy.used
     with caplog.at_level(logging.INFO, logger="blockspec.cuda_graphs"):
         assert run(engine, reqs) == eager
     messages = [r.message for r in caplog.records if "runs eagerly" in r.message]

@@ -36,8 +36,10 @@ SPEC_BLOCK_SIZE = 4    # block size the engines run with (small: cheap verify st
 
 def make_real_engine(model_dir: str, *, spec: str = "none", draft_dir: str | None = None,
                      **config: object) -> Engine:
-    """An Engine on `model_dir`; `config` overrides EngineConfig fields."""
-    fields = dict(model=str(model_dir), spec=spec, dtype="float32", device="cpu")
+    """An Engine on `model_dir`; `config` overrides EngineConfig fields. The speculation policy
+    is static: these servers are checked to give a seeded request the same answer whatever the
+    load, which the adaptive policy promises for the distribution only (docs/adaptive.md)."""
+    fields = dict(model=str(model_dir), spec=spec, dtype="float32", device="cpu", spec_policy="static")
     if spec in ("ngram", "dflash", "ddtree"):
         fields["block_size"] = SPEC_BLOCK_SIZE
     if spec in ("dflash", "ddtree"):

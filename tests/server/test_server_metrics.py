@@ -24,7 +24,8 @@ COUNTERS = ["blockspec:prompt_tokens_total", "blockspec:generation_tokens_total"
 GAUGES = ["blockspec:num_requests_running", "blockspec:num_requests_waiting",
           "blockspec:kv_cache_usage_ratio", "blockspec:spec_accept_length"]
 LINE = re.compile(r"Decode batch, #running-req: (\d+), #token: (\d+), token usage: (\d+\.\d\d), "
-                  r"accept len: (\d+\.\d\d), gen throughput \(token/s\): (\d+\.\d\d), #queue-req: (\d+)$")
+                  r"accept len: (\d+\.\d\d), gen throughput \(token/s\): (\d+\.\d\d), #queue-req: (\d+)"
+                  r"(?:, spec config: [a-z0-9]+ \d+%(?: [a-z0-9]+ \d+%)*)?$")
 
 
 def scrape(http: httpx.Client) -> dict[tuple, float]:
@@ -164,3 +165,22 @@ def test_log_line_appears_periodically_while_busy(caplog):
     assert len(busy_lines) >= 2
     assert all(LINE.match(line) for line in busy_lines), busy_lines
     assert idle_lines == busy_lines
+
+
+def test_stats_line_and_metrics_count_the_policy_configurations():
+    from blockspec.engine.outputs import SpecMetrics, StepOutput
+    from blockspec.server.metrics import ServerMetrics, configuration_width
+    stats = type("S", (), {"num_running": 1, "num_waiting": 0, "kv_tokens_used": 8, "kv_tokens_total": 64})()
+    line = format_stats_line(stats, 2.0, 10.0, {"plain": 1, "chain16": 3})
+    assert LINE.match(line) and line.endswith(", spec config: chain16 75% plain 25%")
+    assert [configuration_width(n) for n in ("plain", "chain4", "tree7")] == [1, 4, 8]
+    with pytest.raises(ValueError, match="configuration"):
+        configuration_width("fast")
+    metrics = ServerMetrics()
+    m = SpecMetrics("dflash")
+    for name in ("chain16", "plain", "chain16"):
+        m.record_step(3, 1, 2, name)
+    metrics.on_outputs([StepOutput("r", [1], "", True, "length", 1, 6, m)], 0.0)
+    text = metrics.render().decode()
+    assert 'blockspec:spec_configuration_steps_total{configuration="chain16"} 2.0' in text
+    assert "blockspec:spec_verify_width_count 3.0" in text and "blockspec:spec_verify_width_sum 33.0" in text

@@ -8,7 +8,8 @@ from live import using_fake_engine
 
 MESSAGES = [{"role": "user", "content": "alpha bravo charlie"}]
 PROMPT = "alpha bravo charlie"
-SPEC_KEYS = {"algorithm", "verify", "verify_steps", "drafted_tokens", "accepted_tokens", "accept_length"}
+SPEC_KEYS = {"algorithm", "verify", "verify_steps", "drafted_tokens", "accepted_tokens", "accept_length",
+             "configurations"}
 # Sampling settings under which two runs must agree exactly: greedy, and seeded sampling.
 REPRODUCIBLE = [pytest.param({"temperature": 0}, id="greedy"),
                 pytest.param({"temperature": 1.0, "seed": 7}, id="seeded")]

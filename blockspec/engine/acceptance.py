@@ -1,0 +1,77 @@
+"""The acceptance model of the adaptive policy: expected accepted drafts per request and width.
+
+For each request and candidate verify width w the model keeps an exponential moving average of
+the drafts that a step at width w accepts. One step run at width W observes every w ≤ W
+exactly (`counterfactual_accepts`): the target's walk samples the same tokens with the same
+uniforms whatever the tree, and a prefix of the nodes keeps every ancestor, so the accepted path
+at width w is the run's path up to its first node of index ≥ w. For a chain this is
+min(accepted, w − 1): E[w] − E[w − 1] is the running accept rate of draft position w − 1, the
+per-position accept/reject EMA. Widths above W are not observed by that step.
+
+A new request starts from the batch-wide figures of its temperature class (greedy, T ≤ 0.5,
+T ≤ 1, T > 1), themselves EMAs over every row's observations; before any observation the prior
+is optimistic (every draft accepted), so the first steps speculate and measure.
+"""
+
+from __future__ import annotations
+
+
+def ema(old: float | None, new: float, alpha: float) -> float:
+    """One exponential-moving-average update; `old` None starts at `new`."""
+    if not 0.0 < alpha <= 1.0:
+        raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+    return new if old is None else old + alpha * (new - old)
+
+
+def counterfactual_accepts(path_nodes: list[int], widths: list[int], ran_width: int) -> dict[int, int]:
+    """Accepted drafts each width w ≤ `ran_width` would have had, from the accepted path's node
+    indices of a step run at `ran_width` (root excluded, in depth order)."""
+    if any(w < 1 for w in widths):
+        raise ValueError(f"widths must be positive, got {widths}")
+    out = {}
+    for w in widths:
+        if w > ran_width:
+            continue
+        n = 0
+        while n < len(path_nodes) and path_nodes[n] < w:
+            n += 1
+        out[w] = n
+    return out
+
+
+def temperature_class(params) -> str:
+    """The batch-wide figure a request is seeded from."""
+    if params.greedy:
+        return "greedy"
+    t = params.temperature
+    return "t<=0.5" if t <= 0.5 else "t<=1" if t <= 1.0 else "t>1"
+
+
+class AcceptanceModel:
+    """Per request and per temperature class: width → EMA of accepted drafts."""
+
+    def __init__(self, widths: list[int], alpha: float = 0.3, batch_alpha: float = 0.05):
+        ema(None, 0.0, alpha)
+        ema(None, 0.0, batch_alpha)   # validates both
+        self.widths = sorted(set(widths))
+        self.alpha, self.batch_alpha = alpha, batch_alpha
+        self._rows: dict[str, dict[int, float]] = {}
+        self._batch: dict[str, dict[int, float]] = {}
+
+    def expected(self, request_id: str, klass: str, width: int) -> float:
+        """Expected accepted drafts of this request at `width` (not counting the bonus)."""
+        for table in (self._rows.get(request_id), self._batch.get(klass)):
+            if table is not None and width in table:
+                return table[width]
+        return float(width - 1)           # optimistic prior: measure before giving up
+
+    def observe(self, request_id: str, klass: str, path_nodes: list[int], ran_width: int) -> None:
+        seen = counterfactual_accepts(path_nodes, self.widths, ran_width)
+        row = self._rows.setdefault(request_id, dict(self._batch.get(klass, {})))
+        batch = self._batch.setdefault(klass, {})
+        for w, n in seen.items():
+            row[w] = ema(row.get(w), float(n), self.alpha)
+            batch[w] = ema(batch.get(w), float(n), self.batch_alpha)
+
+    def forget(self, request_id: str) -> None:
+        self._rows.pop(request_id, None)

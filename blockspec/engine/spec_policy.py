@@ -1,0 +1,151 @@
+"""The adaptive speculation policy: each decode step's verify width, from measured cost and acceptance.
+
+Candidates are widths w: 1 is plain decoding (no drafter run), a chain's w is its length (root
++ w − 1 drafts), a tree's w is its budget + 1 (`truncate_tree` cuts the proposer's tree to its
+first w nodes, which is the tree of that budget). The step picks
+
+    argmax_w  Σ_rows (1 + E_row[w]) / cost(bucket, w)
+
+— expected committed tokens per second of the whole batch (`choose_width`), with plain always
+a candidate, so on the measured figures a step never chooses to be slower than plain decoding.
+E comes from `engine/acceptance.py`, cost from `engine/step_cost.py`.
+
+Per batch, not per row: the verify is a padded `[B, W]` forward, so its cost depends on the
+batch's width only and a row cut to width 1 inside a wider batch saves nothing; every row gets
+w. (`SpeculativeStep.run(row_widths=…)` does run mixed batches — rows that speculate and rows
+that decode plainly in one verify — for an engine whose verify cost follows the rows' widths.)
+
+Lossless: the width is chosen before the step from past steps only (timings and accept counts
+of steps already committed); this step's target output is never read to pick it, and every
+verifier is exact for any tree it is given (`SpeculativeStep.draft`). A seeded sampled request
+draws the same uniforms per step whatever the width, but which tokens those uniforms produce
+depends on the width, which depends on the batch and on timings: its *distribution* is exact,
+its seeded stream is reproducible only under `spec_policy="static"` (docs/adaptive.md).
+
+Exploration: a bucket's first steps time every candidate width (lazily, each `min_samples`
+times after the warm-up, widest first). Then every `probe_interval` steps (doubling, up to
+`max_probe_interval`, while probes change nothing) one step runs another candidate, the full
+width first and then each in turn from the widest: it re-times widths the choice no longer runs
+(one unlucky timing must not lock a width out) and, at the full width, observes every draft
+position (a plain step observes none), so a request whose drafts turn good again is noticed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+
+from blockspec.engine.acceptance import AcceptanceModel, temperature_class
+from blockspec.engine.config import SPEC_POLICIES
+from blockspec.engine.step_cost import StepCostModel
+
+log = logging.getLogger("blockspec.spec_policy")
+
+LADDER = (2, 4, 8, 16, 32, 64, 128)   # few widths: each is timed per bucket, and captured on CUDA
+
+
+def candidate_widths(full_width: int) -> list[int]:
+    """Plain, a ladder of widths below the method's, and the method's own."""
+    if full_width < 1:
+        raise ValueError(f"full_width must be positive, got {full_width}")
+    return sorted({1, full_width} | {w for w in LADDER if w < full_width})
+
+
+def config_name(width: int, builds_trees: bool) -> str:
+    """How a width is reported (metrics, logs, `spec_decoding`)."""
+    if width == 1:
+        return "plain"
+    return f"tree{width - 1}" if builds_trees else f"chain{width}"
+
+
+def choose_width(expected: list[dict[int, float]], costs: dict[int, float]) -> int:
+    """The width maximising Σ_rows (1 + expected[row][w]) / costs[w]; ties go to the narrower.
+
+    expected: per row, width → expected accepted drafts; costs: width → seconds per step
+    (every width of `costs` must be in every row's dict). Width 1 must be a candidate."""
+    if 1 not in costs:
+        raise ValueError("costs must include width 1 (plain decoding)")
+    if any(t <= 0 for t in costs.values()):
+        raise ValueError(f"costs must be positive, got {costs}")
+    best, best_rate = 1, None
+    for w in sorted(costs):
+        rate = sum(1.0 + row[w] for row in expected) / costs[w]
+        if best_rate is None or rate > best_rate * (1 + 1e-9):
+            best, best_rate = w, rate
+    return best
+
+
+class SpecPolicy:
+    """Chooses each decode step's width and learns from the steps run (one per engine)."""
+
+    def __init__(self, mode: str, full_width: int, builds_trees: bool, buckets: list[int],
+                 probe_interval: int = 8, max_probe_interval: int = 128):
+        if mode not in SPEC_POLICIES:
+            raise ValueError(f"spec_policy must be one of {', '.join(SPEC_POLICIES)}, got {mode!r}")
+        self.mode, self.full_width, self.builds_trees = mode, full_width, builds_trees
+        self.widths = candidate_widths(full_width) if mode == "adaptive" else [full_width]
+        self.cost = StepCostModel(buckets, sorted(set(self.widths) | {1}), discard=1, min_samples=2)
+        self.acceptance = AcceptanceModel(self.widths)
+        self.min_probe, self.max_probe = probe_interval, max_probe_interval
+        self.probe_interval, self._since_probe, self._before_probe = probe_interval, 0, None
+        self._probes = 0                           # probes run: which candidate the next one times
+        self.choices: Counter = Counter()         # config name → steps (logged with the cost table)
+        self.host_seconds = 0.0                   # the policy's own time (choose + observe)
+        self._last_done: float | None = None
+
+    def name(self, width: int) -> str:
+        return config_name(width, self.builds_trees)
+
+    def choose(self, seqs) -> int:
+        """This step's width, from the past only."""
+        if self.mode == "static":
+            return self.full_width
+        start = time.perf_counter()
+        width = self._choose(seqs)
+        self.host_seconds += time.perf_counter() - start
+        return width
+
+    def _choose(self, seqs) -> int:
+        B = len(seqs)
+        todo = self.cost.unmeasured(B)
+        if todo:
+            return todo[-1]                       # time the bucket's widths, widest first
+        costs = {w: self.cost.estimate(B, w) for w in self.widths}
+        expected = [{w: self.acceptance.expected(s.request_id, temperature_class(s.params), w) for w in self.widths}
+                    for s in seqs]
+        width = choose_width(expected, costs)
+        if self._before_probe is not None:        # the step after a probe: did it change anything?
+            changed, self._before_probe = width != self._before_probe, None
+            self.probe_interval = self.min_probe if changed else min(2 * self.probe_interval, self.max_probe)
+        self._since_probe += 1
+        if self._since_probe >= self.probe_interval:
+            others = [w for w in sorted(self.widths, reverse=True) if w != width]
+            if others:
+                self._since_probe, self._before_probe = 0, width
+                self._probes += 1
+                return others[(self._probes - 1) % len(others)]
+        return width
+
+    def observe(self, seqs, width: int, started: float, step, now: float | None = None) -> None:
+        """Learn from a step run at `width` that started at `started` (perf_counter) and was
+        read at `now` (default: now); `step` is its `StepResult` (rows in `seqs` order). A
+        step launched while the one before it was still running is timed from that one's end."""
+        now = time.perf_counter() if now is None else now
+        begin = started if self._last_done is None else max(started, self._last_done)
+        self._last_done = now
+        self.choices[self.name(width)] += 1
+        if self.mode == "static":
+            return
+        self.cost.observe(len(seqs), width, now - begin)
+        if width > 1 and step.path_nodes is not None:
+            for s, nodes in zip(seqs, step.path_nodes):
+                self.acceptance.observe(s.request_id, temperature_class(s.params), nodes, width)
+        bucket = self.cost.bucket_for(len(seqs))
+        if bucket not in self.cost.logged and all(t is not None for t in self.cost.table(len(seqs)).values()):
+            self.cost.logged.add(bucket)
+            log.info("%s (policy host time so far %.2f ms)", self.cost.format_table(len(seqs)), self.host_seconds * 1e3)
+        self.host_seconds += max(time.perf_counter() - now, 0.0)
+
+    def forget(self, request_id: str) -> None:
+        self.acceptance.forget(request_id)

@@ -1,0 +1,102 @@
+"""The step-cost model of the adaptive policy: seconds per decode step, measured, not assumed.
+
+A key is (batch bucket, verify width): the bucket is the CUDA-graph bucket a batch pads to
+(`cuda_graphs.batch_buckets`; on the CPU the same buckets group the batch sizes), the width is
+1 for plain decoding, k for a chain of length k, b + 1 for a tree of budget b. Every decode step
+the engine runs is one observation of its key. The first `discard` observations of a key are
+dropped (Triton compiles, graph warm-up, allocator growth), and the estimate is the lower
+quartile of the last `window` — robust to the stalls (a GC pause, another process on a shared
+CPU) that would drag a mean: such noise only ever adds time. A key is measured once it holds `min_samples`; until then the policy
+runs it (lazily, on first use) so that every number it compares was timed on this machine and
+this model, at this batch bucket (each bucket's first ~3 steps per width; every step it then
+runs refines its figure).
+
+The drafter's cost is inside every width ≥ 2 (DFlash drafts its whole block in one pass, whatever
+length the policy keeps); `drafter_seconds` reports it as cost(2) − cost(1).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+def robust_seconds(samples) -> float:
+    """The lower quartile of `samples` (seconds, non-empty; linear interpolation)."""
+    if not samples:
+        raise ValueError("samples must be non-empty")
+    ordered = sorted(samples)
+    pos = (len(ordered) - 1) / 4
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return float(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo))
+
+
+class StepCostModel:
+    """Per (bucket, width): the kept step times and their robust estimate."""
+
+    def __init__(self, buckets: list[int], widths: list[int], discard: int = 1, min_samples: int = 3,
+                 window: int = 15):
+        if not buckets or sorted(buckets) != list(buckets) or buckets[0] < 1:
+            raise ValueError(f"buckets must be increasing positive batch sizes, got {buckets}")
+        if not widths or 1 not in widths:
+            raise ValueError(f"widths must include 1 (plain decoding), got {widths}")
+        for name, value, low in (("discard", discard, 0), ("min_samples", min_samples, 1), ("window", window, 1)):
+            if value < low:
+                raise ValueError(f"{name} must be at least {low}, got {value}")
+        if window < min_samples:
+            raise ValueError(f"window ({window}) must hold min_samples ({min_samples})")
+        self.buckets, self.widths = list(buckets), sorted(set(widths))
+        self.discard, self.min_samples, self.window = discard, min_samples, window
+        self._seen: dict[tuple[int, int], int] = {}
+        self._samples: dict[tuple[int, int], deque] = {}
+        self.logged: set[int] = set()        # buckets whose table was logged
+
+    def bucket_for(self, batch_size: int) -> int:
+        """The bucket a batch pads to; past the largest, the batch size itself."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        return next((b for b in self.buckets if b >= batch_size), batch_size)
+
+    def observe(self, batch_size: int, width: int, seconds: float) -> None:
+        if width not in self.widths:
+            raise ValueError(f"width {width} is not a candidate ({self.widths})")
+        if not seconds >= 0:
+            raise ValueError(f"seconds must be non-negative, got {seconds}")
+        key = (self.bucket_for(batch_size), width)
+        self._seen[key] = self._seen.get(key, 0) + 1
+        if self._seen[key] <= self.discard:
+            return
+        self._samples.setdefault(key, deque(maxlen=self.window)).append(seconds)
+
+    def measured(self, batch_size: int, width: int) -> float | None:
+        """Seconds per step timed at this key, or None until it holds `min_samples`."""
+        samples = self._samples.get((self.bucket_for(batch_size), width))
+        if samples is None or len(samples) < self.min_samples:
+            return None
+        return robust_seconds(samples)
+
+    def estimate(self, batch_size: int, width: int) -> float | None:
+        """Seconds per step at this batch's bucket, or None until it is timed. Never borrowed
+        from another bucket: the widths' relative costs change with the batch (that change is
+        what the policy exists for), so a scaled neighbour's table would keep the wrong width."""
+        return self.measured(batch_size, width)
+
+    def unmeasured(self, batch_size: int) -> list[int]:
+        """The candidate widths this batch's bucket has still to time."""
+        return [w for w in self.widths if self.estimate(batch_size, w) is None]
+
+    def drafter_seconds(self, batch_size: int) -> float | None:
+        """The drafter's share of a step: cost(width 2) − cost(width 1), when both are measured."""
+        one, two = self.estimate(batch_size, 1), self.estimate(batch_size, 2)
+        return None if one is None or two is None else two - one
+
+    def table(self, batch_size: int) -> dict[int, float | None]:
+        """width → seconds per step timed at this batch's bucket."""
+        return {w: self.measured(batch_size, w) for w in self.widths}
+
+    def format_table(self, batch_size: int) -> str:
+        cells = ", ".join(f"w{w} {t * 1e3:.2f} ms" if t is not None else f"w{w} -"
+                          for w, t in self.table(batch_size).items())
+        drafter = self.drafter_seconds(batch_size)
+        extra = f"; drafter ≈ {drafter * 1e3:.2f} ms" if drafter is not None else ""
+        return f"step cost at batch bucket {self.bucket_for(batch_size)}: {cells}{extra}"

@@ -1,0 +1,55 @@
+"""`blockspec bench offline --compare-static` (bench/compare.py): static configurations vs adaptive."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from blockspec.bench.compare import median_record, static_configurations, summarise
+from bench_servers import run_cli
+from dflash_fixtures import write_dflash_drafter
+
+
+def test_static_configurations_name_each_width():
+    assert static_configurations("dflash", 16, [4, 16]) == {
+        "plain": {"spec": "none"}, "static-chain4": {"block_size": 4, "spec_policy": "static"},
+        "static-chain16": {"block_size": 16, "spec_policy": "static"}}
+    assert list(static_configurations("ddtree", 8, None)) == ["plain", "static-tree1", "static-tree3", "static-tree7"]
+    with pytest.raises(ValueError, match="static widths"):
+        static_configurations("dflash", 8, [16])
+
+
+def test_summary_compares_adaptive_with_the_best_static_and_plain():
+    records = [{"configuration": n, "concurrency": 1, "tok_s": t}
+               for n, t in (("plain", 10.0), ("static-chain4", 20.0), ("adaptive", 19.0))]
+    (s,) = summarise(records)
+    assert s["best_static"] == "static-chain4"
+    assert s["adaptive_vs_best_static"] == pytest.approx(0.95) and s["adaptive_vs_plain"] == pytest.approx(1.9)
+    assert median_record([{"tok_s": 3.0}, {"tok_s": 1.0}, {"tok_s": 2.0}]) == {"tok_s": 2.0,
+                                                                             "tok_s_rounds": [3.0, 1.0, 2.0]}
+
+
+def test_compare_static_cli_writes_json_and_plot(qwen3_dir, tmp_path, capsys):
+    drafter = write_dflash_drafter(tmp_path / "drafter", qwen3_dir, block_size=4)
+    out = tmp_path / "compare.json"
+    code = run_cli(["bench", "offline", "--model", qwen3_dir, "--draft-model", str(drafter), "--dataset", "random",
+                    "--num-prompts", "2", "--max-tokens", "6", "--random-input-len", "8", "--compare-static",
+                    "--concurrency", "1,2", "--static-widths", "4", "--output", str(out), "--no-progress"])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert {(r["configuration"], r["concurrency"]) for r in doc["records"]} == {
+        (n, c) for n in ("plain", "static-chain4", "adaptive") for c in (1, 2)}
+    assert all(r["output_tokens"] > 0 and r["tok_s"] > 0 for r in doc["records"])
+    assert doc["num_prompts"] == {"1": 2, "2": 4}                # max(--num-prompts, 2 × concurrency)
+    assert [s["concurrency"] for s in doc["summary"]] == [1, 2]
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert "÷ best" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, field", [(["--concurrency", "0"], "--concurrency"),
+                                         (["--static-widths", "1"], "static widths")])
+def test_compare_static_bad_lists_are_refused(qwen3_dir, argv, field):
+    """ValueError naming the option: the main CLI reports it as a usage error (exit 2)."""
+    with pytest.raises(ValueError, match=field):
+        run_cli(["bench", "offline", "--model", qwen3_dir, "--compare-static", "--spec", "ngram", *argv, "--no-progress"])

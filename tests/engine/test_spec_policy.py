@@ -1,0 +1,144 @@
+"""The adaptive policy's pure parts: cost model, acceptance EMA, the choice (engine/spec_policy.py)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from blockspec.engine.acceptance import AcceptanceModel, counterfactual_accepts, ema, temperature_class
+from blockspec.engine.spec_policy import SpecPolicy, candidate_widths, choose_width, config_name
+from blockspec.engine.step_cost import StepCostModel, robust_seconds
+from blockspec.speculative.step import StepResult
+from blockspec.speculative.tree import PAD_PARENT, build_tree, chain_tree, truncate_tree
+
+
+def test_robust_seconds_is_the_lower_quartile_and_ignores_stalls():
+    assert robust_seconds([1.0, 1.2, 50.0]) == pytest.approx(1.1)
+    assert robust_seconds([3.0, 1.0, 2.0, 40.0, 50.0]) == 2.0 and robust_seconds([7.0]) == 7.0
+    with pytest.raises(ValueError, match="samples"):
+        robust_seconds([])
+
+
+def test_cost_model_discards_warmup_and_needs_min_samples():
+    m = StepCostModel([1, 2, 4], [1, 4], discard=1, min_samples=2, window=3)
+    m.observe(3, 4, 9.0)                       # warm-up (compile): dropped
+    m.observe(3, 4, 1.0)
+    assert m.estimate(4, 4) is None and m.unmeasured(3) == [1, 4]
+    m.observe(4, 4, 2.0)                       # bucket 4 again
+    assert m.estimate(3, 4) == 1.25 and m.unmeasured(3) == [1]
+    for t in (5.0, 5.0, 5.0):                  # the window forgets old samples
+        m.observe(3, 4, t)
+    assert m.estimate(3, 4) == 5.0
+    assert m.measured(1, 4) is None and m.bucket_for(9) == 9
+    assert m.estimate(1, 4) is None                      # never borrowed from another bucket
+
+
+@pytest.mark.parametrize("kwargs, field", [({"widths": [2, 4]}, "widths"), ({"buckets": [4, 2]}, "buckets"),
+                                           ({"min_samples": 0}, "min_samples"), ({"window": 1}, "window")])
+def test_cost_model_rejects_bad_settings(kwargs, field):
+    args = {"buckets": [1, 2], "widths": [1, 4], "min_samples": 2, **kwargs}
+    with pytest.raises(ValueError, match=field):
+        StepCostModel(**args)
+
+
+def test_ema_and_counterfactuals():
+    assert ema(None, 3.0, 0.5) == 3.0 and ema(2.0, 4.0, 0.25) == 2.5
+    with pytest.raises(ValueError, match="alpha"):
+        ema(1.0, 1.0, 0.0)
+    # A chain accepting 3 drafts (nodes 1, 2, 3) at width 8: width w would have accepted w − 1, at most 3.
+    assert counterfactual_accepts([1, 2, 3], [1, 2, 4, 8, 16], 8) == {1: 0, 2: 1, 4: 3, 8: 3}
+    # A tree path through node 5: width ≤ 5 stops before it.
+    assert counterfactual_accepts([1, 5, 6], [2, 5, 6, 7], 7) == {2: 1, 5: 1, 6: 2, 7: 3}
+
+
+def test_acceptance_model_seeds_new_requests_from_the_batch():
+    m = AcceptanceModel([1, 2, 4], alpha=0.5, batch_alpha=1.0)
+    assert m.expected("a", "greedy", 4) == 3.0            # optimistic before anything is seen
+    m.observe("a", "greedy", [], 4)                       # all rejected
+    assert m.expected("a", "greedy", 4) == 0.0
+    assert m.expected("b", "greedy", 4) == 0.0            # seeded from the batch-wide figure
+    assert m.expected("c", "t<=1", 4) == 3.0              # another temperature class
+    m.forget("a")
+    assert m.expected("a", "greedy", 2) == 0.0            # back to the batch's figure
+
+
+def test_temperature_classes():
+    from blockspec.sampling import SamplingParams
+    assert [temperature_class(SamplingParams(temperature=t)) for t in (0.0, 0.3, 1.0, 1.5)] == \
+        ["greedy", "t<=0.5", "t<=1", "t>1"]
+
+
+def test_choose_width_maximises_tokens_per_second_with_plain_a_candidate():
+    costs = {1: 1.0, 2: 1.2, 4: 1.5, 8: 2.0}
+    adversary = [{w: 0.0 for w in costs}] * 3
+    oracle = [{w: float(w - 1) for w in costs}] * 3
+    assert choose_width(adversary, costs) == 1
+    assert choose_width(oracle, costs) == 8
+    # Accept rate 0.5 per position, E[w] = Σ_{i<w} 0.5^i: width 4 commits 1.875 per 1.5 s = 1.25/s,
+    # beating plain's 1, width 2's 1.5/1.4 and width 8's 1.99/2.
+    half = [{1: 0.0, 2: 0.5, 4: 0.875, 8: 0.9921875}]
+    assert choose_width(half, {**costs, 2: 1.4}) == 4
+    assert choose_width(half, {1: 1.0, 2: 1.2, 4: 1.5}) == 2    # a tie (1.25/s) goes to the narrower
+    with pytest.raises(ValueError, match="width 1"):
+        choose_width(oracle, {2: 1.0})
+
+
+def test_candidate_widths_and_names():
+    assert candidate_widths(16) == [1, 2, 4, 8, 16]
+    assert candidate_widths(1) == [1] and candidate_widths(6) == [1, 2, 4, 6]
+    assert [config_name(w, False) for w in (1, 4)] == ["plain", "chain4"] and config_name(8, True) == "tree7"
+
+
+def _run_policy(accept_of_width, cost_of_width, steps=120, full=8):
+    """Drive a SpecPolicy with fake timings and a fake verifier; returns its choices."""
+    policy = SpecPolicy("adaptive", full, False, [1, 2, 4])
+    seqs = [SimpleNamespace(request_id=f"r{i}", params=SimpleNamespace(greedy=True, temperature=0.0))
+            for i in range(2)]
+    chosen = []
+    for _ in range(steps):
+        w = policy.choose(seqs)
+        chosen.append(w)
+        acc = accept_of_width(w)
+        step = StepResult([[0]] * 2, [acc] * 2, [w - 1] * 2, [list(range(1, acc + 1))] * 2)
+        policy.observe(seqs, w, 0.0, step, now=cost_of_width(w))
+        policy._last_done = None          # steps run back to back, each timed from its own start
+    return chosen
+
+
+def test_policy_learns_plain_for_an_adversary_and_the_full_block_for_an_oracle():
+    adversary = _run_policy(lambda w: 0, lambda w: 0.01 * (1 + 0.1 * w), steps=400)
+    oracle = _run_policy(lambda w: w - 1, lambda w: 0.01 * (1 + 0.1 * w))
+    tail = slice(60, None)
+    assert adversary[tail].count(1) >= 0.85 * len(adversary[tail])      # probes of the other widths aside
+    assert oracle[tail].count(8) >= 0.85 * len(oracle[tail])
+    assert set(adversary[tail]) == {1, 2, 4, 8}                       # every width re-timed now and then
+
+
+def test_static_policy_always_runs_the_full_width():
+    policy = SpecPolicy("static", 8, True, [1, 2])
+    assert policy.widths == [8] and policy.choose([object()]) == 8
+    with pytest.raises(ValueError, match="spec_policy"):
+        SpecPolicy("fastest", 8, True, [1])
+
+
+def test_truncate_tree_is_the_smaller_budget_and_pads_narrow_rows():
+    logprobs = torch.log_softmax(torch.randn(2, 4, 11, generator=torch.Generator().manual_seed(0)), -1)
+    full, small = build_tree(logprobs, 9), build_tree(logprobs, 4)
+    cut = truncate_tree(full, 5)
+    for name in ("tokens", "parents", "depths", "num_nodes"):
+        assert torch.equal(getattr(cut, name), getattr(small, name)), name
+    chain = chain_tree(torch.arange(1, 7).repeat(2, 1), torch.tensor([9, 9]))
+    mixed = truncate_tree(chain, 5, torch.tensor([1, 3]))
+    assert mixed.num_nodes.tolist() == [0, 2] and mixed.width == 5
+    assert mixed.parents[0, 1:].eq(PAD_PARENT).all() and mixed.parents[1].tolist() == [-1, 0, 1, PAD_PARENT, PAD_PARENT]
+    with pytest.raises(ValueError, match="width"):
+        truncate_tree(chain, 9)
+    with pytest.raises(ValueError, match="row_widths"):
+        truncate_tree(chain, 4, torch.tensor([1]))
+
+
+def test_engine_config_rejects_an_unknown_policy():
+    from blockspec.engine.config import EngineConfig
+    assert EngineConfig(model="m").spec_policy == "adaptive"
+    with pytest.raises(ValueError, match="spec_policy"):
+        EngineConfig(model="m", spec_policy="fastest").validate()

@@ -1,0 +1,121 @@
+"""The adaptive speculation policy in the engine (engine/spec_policy.py, docs/adaptive.md)."""
+
+import itertools
+
+import pytest
+import torch
+
+import blockspec.speculative.step as step_module
+from blockspec.engine.config import EngineConfig
+from blockspec.engine.engine import Engine
+from blockspec.engine.spec_policy import SpecPolicy
+from blockspec.llm import LLM
+from blockspec.sampling import SamplingParams
+from dflash_fixtures import write_dflash_drafter
+from test_lossless import ALPHA, over_accepting_verify_tree, exact_laws, law_fit, spec_llm
+from test_spec_greedy import OracleProposer, prompts_for
+
+LONG = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+
+
+class AdversaryProposer(OracleProposer):
+    """Drafts the token after the target's: every draft is rejected."""
+
+    def propose(self, seqs, inputs):
+        tree, probs = super().propose(seqs, inputs)
+        tree.tokens[:, 1:] = (tree.tokens[:, 1:] + 1) % 512
+        return tree, probs
+
+
+@pytest.fixture(scope="module")
+def long_plain(qwen3_dir):
+    prompts = prompts_for(512, [6, 14], seed=5)
+    return prompts, [o.token_ids for o in LLM(model=qwen3_dir).generate(prompts, LONG)]
+
+
+def _configurations(outs) -> dict:
+    total = {}
+    for o in outs:
+        for name, n in o.metrics.configurations.items():
+            total[name] = total.get(name, 0) + n
+    return total
+
+
+@pytest.mark.parametrize("proposer, favourite", [(AdversaryProposer, "plain"), (OracleProposer, "tree7")])
+def test_policy_picks_plain_for_an_adversary_and_the_full_block_for_an_oracle(qwen3_dir, long_plain, proposer,
+                                                                             favourite, monkeypatch):
+    """The engine's real steps and acceptance, with a synthetic clock: a step costs 10 ms × (1 + 0.1 w)
+    (a shared CPU's timings are too noisy for a test; the policy's timing is unit-tested)."""
+    real_observe = SpecPolicy.observe
+
+    def observe(self, seqs, width, started, step, now=None):
+        real_observe(self, seqs, width, started, step, now=started + 0.01 * (1 + 0.1 * width))
+        self._last_done = None                 # synthetic times: each step from its own start
+    monkeypatch.setattr(SpecPolicy, "observe", observe)
+    prompts, expected = long_plain
+    drafter = proposer({tuple(p): e for p, e in zip(prompts, expected)}, 7)
+    engine = Engine(EngineConfig(model=qwen3_dir, spec="dflash", spec_policy="adaptive"), proposer=drafter)
+    outs = LLM.from_engine(engine).generate(prompts, LONG)
+    assert [o.token_ids for o in outs] == expected
+    counts = _configurations(outs)
+    steps = sum(counts.values())
+    # The widths are timed first (3 steps each), probes re-time the others: the favourite dominates.
+    assert counts.get(favourite, 0) >= 0.6 * steps, counts
+    assert all(n >= 2 * 3 for n in counts.values()), counts       # every width was timed (2 rows × 3 steps)
+    assert set(counts) <= {"plain", "tree1", "tree3", "tree7"}   # the test proposers do not promise chains
+
+
+def test_mixed_batch_commits_what_plain_greedy_decoding_would(qwen3_dir, tmp_path):
+    """Rows that speculate and rows that decode plainly (width 1) in one verify, changing per step."""
+    drafter = write_dflash_drafter(tmp_path / "drafter", qwen3_dir, block_size=8)
+    prompts = prompts_for(512, [7, 19, 3, 30], seed=2)
+    greedy = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    expected = [o.token_ids for o in LLM(model=qwen3_dir).generate(prompts, greedy)]
+    llm = LLM(model=qwen3_dir, spec="dflash", draft_model=str(drafter), spec_policy="static")
+    real, counter, seen = llm.engine.spec_step.run, itertools.count(), []
+
+    def mixed(runner, inputs, graphed=None, width=None, row_widths=None):
+        k = next(counter)
+        rows = torch.tensor([[1, 8, 3, 5][(i + k) % 4] for i in range(inputs.batch_size)])
+        step = real(runner, inputs, None, 8, rows)
+        seen.append((rows.tolist(), step.drafted))
+        return step
+    llm.engine.spec_step.run = mixed
+    outs = llm.generate(prompts, greedy)
+    assert [o.token_ids for o in outs] == expected
+    assert any(1 in rows and 8 in rows for rows, _ in seen)
+    assert all(d <= w - 1 for rows, drafted in seen for w, d in zip(rows, drafted))
+    assert any(d == 0 for _, drafted in seen for d in drafted) and any(d > 2 for _, drafted in seen for d in drafted)
+
+
+def cycling_choose(self, seqs):
+    """A stand-in policy whose widths change every step (from a step count: the past only)."""
+    self._k = getattr(self, "_k", -1) + 1
+    return self.widths[self._k % len(self.widths)]
+
+
+@pytest.fixture(scope="module")
+def t1_law(tiny_vocab_dir):
+    from test_lossless import SETTINGS
+    return exact_laws(tiny_vocab_dir, {"t1": SETTINGS["t1"]})
+
+
+@pytest.fixture(scope="module")
+def tiny_drafter(tiny_vocab_dir, tmp_path_factory):
+    return str(write_dflash_drafter(tmp_path_factory.mktemp("tiny_drafter"), tiny_vocab_dir, block_size=8, std=0.3))
+
+
+@pytest.mark.parametrize("verify", ["target-only", "rejection"])
+def test_adaptive_widths_keep_sampling_exact(tiny_vocab_dir, tiny_drafter, t1_law, verify, monkeypatch):
+    monkeypatch.setattr(SpecPolicy, "choose", cycling_choose)
+    llm = spec_llm(tiny_vocab_dir, tiny_drafter, 8, verify)
+    assert llm.engine.policy.widths == [1, 2, 4, 8]
+    result = law_fit(llm, t1_law, "t1")
+    assert result.p_value > ALPHA, f"{verify=}: chi2={result.statistic:.1f} dof={result.dof} p={result.p_value:.2e}"
+
+
+def test_adaptive_widths_negative_control_biased_verifier_fails(tiny_vocab_dir, tiny_drafter, t1_law, monkeypatch):
+    monkeypatch.setattr(SpecPolicy, "choose", cycling_choose)
+    monkeypatch.setattr(step_module, "verify_tree", over_accepting_verify_tree)
+    result = law_fit(spec_llm(tiny_vocab_dir, tiny_drafter, 8, "target-only"), t1_law, "t1")
+    assert result.p_value < ALPHA, f"biased verifier passed: p={result.p_value:.3f}"

@@ -73,16 +73,20 @@ def test_stop_string_inside_accepted_block(qwen3_dir, setup):
     assert text.startswith(e.text)
 
 
-@pytest.mark.parametrize("spec", ["none", "dflash", "ngram"])
-def test_seeded_request_same_alone_and_in_batch(qwen3_dir, tmp_path, spec):
-    # A seeded stream is reproducible under the static policy only (docs/adaptive.md).
+@pytest.mark.parametrize("spec, policy", [("none", "static"), ("dflash", "static"), ("ngram", "static"),
+                                          ("dflash", "adaptive"), ("ngram", "adaptive")])
+def test_seeded_request_same_alone_and_in_batch(qwen3_dir, tmp_path, spec, policy):
+    # Adaptive runs the full width in steps that hold a seeded sampled request (docs/adaptive.md).
     kwargs = {}
     if spec == "dflash":
         kwargs = dict(spec="dflash", draft_model=str(write_dflash_drafter(tmp_path / "d", qwen3_dir, block_size=6)),
-                      spec_policy="static")
+                      spec_policy=policy)
     elif spec == "ngram":
-        kwargs = dict(spec="ngram", block_size=4, spec_policy="static")
+        kwargs = dict(spec="ngram", block_size=4, spec_policy=policy)
     llm = LLM(model=qwen3_dir, **kwargs)
+    if policy == "adaptive":      # a policy that changes width every step, whatever the timings
+        widths = iter(__import__("itertools").cycle(llm.engine.policy.widths))
+        llm.engine.policy._choose = lambda seqs: next(widths)
     prompts = prompts_for(512, [9, 4, 20, 13], seed=2)
     seeded = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=1234, ignore_eos=True)
     alone = llm.generate(prompts[0], seeded)[0].token_ids

@@ -19,8 +19,10 @@ Lossless: the width is chosen before the step from past steps only (timings and 
 of steps already committed); this step's target output is never read to pick it, and every
 verifier is exact for any tree it is given (`SpeculativeStep.draft`). A seeded sampled request
 draws the same uniforms per step whatever the width, but which tokens those uniforms produce
-depends on the width, which depends on the batch and on timings: its *distribution* is exact,
-its seeded stream is reproducible only under `spec_policy="static"` (docs/adaptive.md).
+depends on the width, which depends on the batch and on timings: its *distribution* would stay
+exact but its stream would not repeat. So a step that holds a seeded sampled request runs the
+full width, as a static engine would: a seed then reproduces its stream (alone or batched, as
+OpenAI's `seed` promises), at the cost of not adapting while it runs (docs/adaptive.md).
 
 Exploration: a bucket's first steps time every candidate width (lazily, each `min_samples`
 times after the warm-up, widest first). Then every `probe_interval` steps (doubling, up to
@@ -99,7 +101,7 @@ class SpecPolicy:
 
     def choose(self, seqs) -> int:
         """This step's width, from the past only."""
-        if self.mode == "static":
+        if self.mode == "static" or any(s.params.seed is not None and not s.params.greedy for s in seqs):
             return self.full_width
         start = time.perf_counter()
         width = self._choose(seqs)

@@ -119,3 +119,16 @@ def test_adaptive_widths_negative_control_biased_verifier_fails(tiny_vocab_dir, 
     monkeypatch.setattr(step_module, "verify_tree", over_accepting_verify_tree)
     result = law_fit(spec_llm(tiny_vocab_dir, tiny_drafter, 8, "target-only"), t1_law, "t1")
     assert result.p_value < ALPHA, f"biased verifier passed: p={result.p_value:.3f}"
+
+
+@pytest.mark.parametrize("spec", ["dflash", "ddtree"])
+def test_eager_steps_run_the_chosen_width(qwen3_dir, tmp_path, spec, monkeypatch):
+    """Drafting on the device happens inside the step: an eager step must draft at the width the
+    policy chose, not the method's full width (the CPU engine once ran every step full width)."""
+    drafter = write_dflash_drafter(tmp_path / "drafter", qwen3_dir, block_size=6)
+    monkeypatch.setattr(SpecPolicy, "choose", lambda self, seqs: 4)
+    llm = LLM(model=qwen3_dir, spec=spec, draft_model=str(drafter), budget=5 if spec == "ddtree" else None)
+    out = llm.generate(prompts_for(512, [9], seed=4), SamplingParams(temperature=0.0, max_tokens=24,
+                                                                     ignore_eos=True))[0]
+    assert out.metrics.drafted_tokens == 3 * out.metrics.verify_steps       # width 4: three draft nodes
+    assert out.metrics.accept_length <= 4

@@ -150,8 +150,8 @@ class SpeculativeStep:
             tree = cutter.constrain_tree(inputs.seqs, tree, sampled_drafts=draft_probs is not None)
         if graphed is not None and draft_probs is None and graphed.can_run(inputs.batch_size, inputs.needs_eager):
             result, num_nodes = graphed(inputs, tree)
-        else:
-            result, num_nodes = self.device_step(runner, inputs, tree, draft_probs)
+        else:   # eager at the same width (drafting on the device happens in device_step)
+            result, num_nodes = self.device_step(runner, inputs, tree, draft_probs, width=width)
         return StepResult.from_device(result, num_nodes)
 
     def device_step(self, runner: TargetForward, inputs: StepInputs, tree: DraftTree | None = None,

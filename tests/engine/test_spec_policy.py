@@ -92,7 +92,7 @@ def test_candidate_widths_and_names():
 def _run_policy(accept_of_width, cost_of_width, steps=120, full=8):
     """Drive a SpecPolicy with fake timings and a fake verifier; returns its choices."""
     policy = SpecPolicy("adaptive", full, False, [1, 2, 4])
-    seqs = [SimpleNamespace(request_id=f"r{i}", params=SimpleNamespace(greedy=True, temperature=0.0))
+    seqs = [SimpleNamespace(request_id=f"r{i}", params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))
             for i in range(2)]
     chosen = []
     for _ in range(steps):

@@ -17,13 +17,13 @@ import torch
 from blockspec.attention.backend import select_backend
 from blockspec.batch import decode_inputs, prefill_inputs
 from blockspec.engine.config import EngineConfig
-from blockspec.models.fast_path import prepare_for_cuda
 from blockspec.engine.outputs import SpecMetrics, StepOutput
 from blockspec.engine.overlap import InFlightStep, launch_decode
 from blockspec.engine.prefill_graphs import GraphedPrefill, prefill_and_sample
 from blockspec.engine.runner import ModelRunner
 from blockspec.engine.scheduler import Scheduler
 from blockspec.engine.spec_policy import SpecPolicy
+from blockspec.engine.target import target_for
 from blockspec.engine.sequence import Sequence, Status
 from blockspec.engine.stops import first_stop_string, stop_prefix_holdback, token_stop_reason
 from blockspec.grammar.matcher import GrammarCompiler
@@ -32,7 +32,7 @@ from blockspec.kv.allocator import PageAllocator, PageTable
 from blockspec.kv.page_table import PageTableStore
 from blockspec.speculative.logits_processing import VerifyPositions, active_processors, process_logits, root_only_tree
 from blockspec.logprobs import pack_logprobs, path_logprobs, unpack_logprobs
-from blockspec.models.loader import load_target, parse_device, parse_dtype
+from blockspec.models.loader import parse_device, parse_dtype
 from blockspec.models.registry import load_config
 from blockspec.penalties import PenaltyProcessor
 from blockspec.sampling import SamplingParams, draw_uniforms, filtered_probs, make_generator, sample_from_probs
@@ -75,29 +75,7 @@ class Engine:
         self.model_config = load_config(config.model)
         self.parallel = config.tensor_parallel_size > 1
         self.owns_target = target is None
-        if target is not None:
-            if self.parallel and getattr(target, "size", 1) != config.tensor_parallel_size:
-                raise ValueError(f"tensor_parallel_size is {config.tensor_parallel_size} but the given target "
-                                 f"has {getattr(target, 'size', 1)} ranks")
-            self.model = target
-        elif self.parallel:   # rank 0's view of the sharded target; the other ranks are worker processes
-            from blockspec.parallel.workers import start_tensor_parallel
-            self.model = start_tensor_parallel(config.model, config.dtype, self.device, config.attention_backend,
-                                               self.attention_backend, config.tensor_parallel_size,
-                                               config.expert_parallel)
-        else:
-            self.model = load_target(config.model, config.dtype, self.device, self.attention_backend)
-        if self.device.type == "cuda" and self.owns_target:
-            if self.parallel:
-                self.model.prepare_for_cuda(config.fused_ops)
-            else:
-                prepare_for_cuda(self.model, config.fused_ops)
-        if config.batch_invariant:
-            # After the merged projections exist, before any graph capture (docs/batch_invariance.md).
-            from blockspec.layers.batch_invariant import make_batch_invariant
-            switched = make_batch_invariant(self.model, allow_interpreter=True)
-            log.info("batch-invariant kernels: %d linear/RMSNorm layers, attention %s", switched,
-                     self.attention_backend.name)
+        self.model = target_for(config, self.device, self.attention_backend, target)
         self.tokenizer = Tokenizer.load(config.model)
         self.model_name = Path(config.model).name
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings

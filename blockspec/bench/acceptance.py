@@ -88,7 +88,8 @@ def main(argv=None) -> int:
     prompt_sets = None
     for step, path in drafters:
         try:
-            llm = LLM(model=args.target, draft_model=path, spec=args.spec, block_size=args.block_size,
+            # Static widths: this measures the drafter at its configured block or budget.
+            llm = LLM(model=args.target, draft_model=path, spec=args.spec, block_size=args.block_size, spec_policy="static",
                       device=args.device, dtype=args.dtype, max_running_requests=args.batch,
                       spec_verify=args.spec_verify, budget=args.budget, cuda_graph=not args.eager)
         except (ValueError, FileNotFoundError) as e:

@@ -46,7 +46,7 @@ def test_bundled_drafter_accepts_three_tokens_a_step_on_held_out_chats():
     here on 16 prompts × 64 tokens, float32 on CPU: 3.47; 4.53 on 32 × 128, bench/results)."""
     from blockspec.bench.acceptance import load_prompt_sets, measure
 
-    llm = LLM()
+    llm = LLM(spec_policy="static")                                 # the drafter at its full block
     assert llm.engine.proposer.max_depth == 15                      # block 16
     prompts = load_prompt_sets(llm.tokenizer, 16, ["sharegpt"])["sharegpt"]
     result = measure(llm, prompts, 0.0, 64, 16)

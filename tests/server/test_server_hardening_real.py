@@ -48,7 +48,8 @@ class GreedyOracle(Proposer):
 def server(qwen3_dir):
     greedy = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     continuation = LLM(model=qwen3_dir).generate(PROMPT, greedy)[0].token_ids
-    engine = Engine(EngineConfig(model=qwen3_dir, spec="dflash"), proposer=GreedyOracle(continuation))
+    # Static widths: the tests below count each step's drafts.
+    engine = Engine(EngineConfig(model=qwen3_dir, spec="dflash", spec_policy="static"), proposer=GreedyOracle(continuation))
     with live_server(engine) as s:
         s.model = s.async_engine.model_name
         s.expected = ordinary_completion(s.base_url, s.model)

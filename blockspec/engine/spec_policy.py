@@ -26,7 +26,7 @@ OpenAI's `seed` promises), at the cost of not adapting while it runs (docs/adapt
 
 Exploration: a bucket's first steps time every candidate width (lazily, each `min_samples`
 times after the warm-up, widest first). Then every `probe_interval` steps (doubling, up to
-`max_probe_interval`, while probes change nothing) one step runs another candidate, the full
+`max_probe_interval` = 16, while probes change nothing) one step runs another candidate, the full
 width first and then each in turn from the widest: it re-times widths the choice no longer runs
 (one unlucky timing must not lock a width out) and, at the full width, observes every draft
 position (a plain step observes none), so a request whose drafts turn good again is noticed.
@@ -82,7 +82,7 @@ class SpecPolicy:
     """Chooses each decode step's width and learns from the steps run (one per engine)."""
 
     def __init__(self, mode: str, full_width: int, builds_trees: bool, buckets: list[int],
-                 probe_interval: int = 8, max_probe_interval: int = 128):
+                 probe_interval: int = 8, max_probe_interval: int = 16):
         if mode not in SPEC_POLICIES:
             raise ValueError(f"spec_policy must be one of {', '.join(SPEC_POLICIES)}, got {mode!r}")
         self.mode, self.full_width, self.builds_trees = mode, full_width, builds_trees

@@ -213,7 +213,7 @@ def stack_expert_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
         m = _EXPERT_KEY.match(key)
         if m:
             found.setdefault((m[1], m[4]), {}).setdefault(m[3], {})[int(m[2])] = key
-    for (prefix, tensor), parts in found.items():
+    for (prefix, tensor), parts in sorted(found.items()):
         n = max(len(keys) for keys in parts.values())
         for name in ("gate_proj", "up_proj", "down_proj"):
             missing = sorted(set(range(n)) - set(parts.get(name, {})))

@@ -30,7 +30,10 @@ from blockspec.layers.mlp import SwiGLU
 log = logging.getLogger("blockspec.moe")
 
 _GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
-_EXPERT_KEY = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT_KEY = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_packed|weight_scale)$")
+# A per-expert tensor's stacked names (gate and up concatenated along N, then down).
+_STACKED = {"weight": ("gate_up_proj", "down_proj"), "weight_packed": ("gate_up_packed", "down_packed"),
+            "weight_scale": ("gate_up_scale", "down_scale")}
 # Bytes of gathered expert matrices per batched product on the fallback path.
 _FALLBACK_CHUNK_BYTES = 1 << 28
 
@@ -130,24 +133,41 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x `[T, H]`, ids/weights `[T, k]` → Σ_k weights · expert_k(x) `[T, H]` (x's dtype)."""
-        T, k = ids.shape
-        flat = ids.reshape(-1)
-        order = flat.argsort(stable=True)                  # pairs grouped by expert
-        rows = x[order // k]                               # [T·k, H]
-        sorted_ids = flat[order]
-        if grouped_mm_works(x.device, x.dtype, x.shape[1], self.intermediate):
-            counts = torch.zeros(self.num_experts, dtype=torch.int32, device=x.device)
-            counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
-            offs = counts.cumsum(0, dtype=torch.int32)
-            gate_up = _GROUPED_MM(rows, self.gate_up_proj.transpose(1, 2), offs=offs)
-            gate, up = gate_up.chunk(2, dim=-1)
-            out = _GROUPED_MM(F.silu(gate) * up, self.down_proj.transpose(1, 2), offs=offs)
-        else:
-            gate, up = gathered_mm(rows, self.gate_up_proj, sorted_ids).chunk(2, dim=-1)
-            out = gathered_mm(F.silu(gate) * up, self.down_proj, sorted_ids)
-        per_pair = torch.empty_like(out)
-        per_pair[order] = out                              # back to (token, choice) order
-        return (per_pair.view(T, k, -1).float() * weights[..., None]).sum(dim=1).to(x.dtype)
+        grouped = grouped_mm_works(x.device, x.dtype, x.shape[1], self.intermediate)
+        return swiglu_experts(x, ids, weights, self.num_experts,
+                              lambda rows, e, ends: expert_product(rows, self.gate_up_proj, e, ends, grouped),
+                              lambda rows, e, ends: expert_product(rows, self.down_proj, e, ends, grouped))
+
+
+def expert_product(rows: torch.Tensor, weight: torch.Tensor, sorted_ids: torch.Tensor, ends: torch.Tensor,
+                   grouped: bool) -> torch.Tensor:
+    """Rows `[S, K]` sorted by expert times their expert's `weight [E, N, K]` transposed → `[S, N]`:
+    one grouped product over `ends [E]` (cumulative row counts), or gathered batched products."""
+    if grouped:
+        return _GROUPED_MM(rows, weight.transpose(1, 2), offs=ends)
+    return gathered_mm(rows, weight, sorted_ids)
+
+
+def swiglu_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, num_experts: int,
+                   gate_up, down) -> torch.Tensor:
+    """The routed experts' SwiGLU and combine, whatever stores the weights.
+
+    x `[T, H]`, ids/weights `[T, k]` → Σ_k weights · down(silu(gate) · up) `[T, H]` (x's dtype).
+    `gate_up` / `down` map (rows `[S, K]` sorted by expert, their expert ids `[S]`, `ends [E]` int32
+    = cumulative rows per expert, on the device) → `[S, 2I]` (gate then up) / `[S, H]`."""
+    T, k = ids.shape
+    flat = ids.reshape(-1)
+    order = flat.argsort(stable=True)                  # pairs grouped by expert
+    rows = x[order // k]                               # [T·k, H]
+    sorted_ids = flat[order]
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=x.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    ends = counts.cumsum(0, dtype=torch.int32)
+    gate, up = gate_up(rows, sorted_ids, ends).chunk(2, dim=-1)
+    out = down(F.silu(gate) * up, sorted_ids, ends)
+    per_pair = torch.empty_like(out)
+    per_pair[order] = out                              # back to (token, choice) order
+    return (per_pair.view(T, k, -1).float() * weights[..., None]).sum(dim=1).to(x.dtype)
 
 
 class MoE(nn.Module):
@@ -184,25 +204,27 @@ class MoE(nn.Module):
 
 def stack_expert_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Checkpoint keys `….experts.{e}.{gate,up,down}_proj.weight` → `….experts.gate_up_proj
-    [E, 2I, H]` and `….experts.down_proj [E, H, I]` (the per-expert tensors are dropped as they
-    are stacked). A missing expert is an error naming it; other keys pass through."""
-    found: dict[str, dict[str, dict[int, str]]] = {}
+    [E, 2I, H]` and `….experts.down_proj [E, H, I]`; INT4 kept packed (`.weight_packed`,
+    `.weight_scale`) → `gate_up_packed`/`gate_up_scale` and `down_packed`/`down_scale` the same
+    way (`layers/int4_experts.py`). The per-expert tensors are dropped as they are stacked. A
+    missing expert is an error naming it; other keys pass through."""
+    found: dict[tuple[str, str], dict[str, dict[int, str]]] = {}
     for key in state:
         m = _EXPERT_KEY.match(key)
         if m:
-            found.setdefault(m[1], {}).setdefault(m[3], {})[int(m[2])] = key
-    for prefix, parts in found.items():
-        counts = {name: len(keys) for name, keys in parts.items()}
-        n = max(counts.values())
+            found.setdefault((m[1], m[4]), {}).setdefault(m[3], {})[int(m[2])] = key
+    for (prefix, tensor), parts in sorted(found.items()):
+        n = max(len(keys) for keys in parts.values())
         for name in ("gate_proj", "up_proj", "down_proj"):
             missing = sorted(set(range(n)) - set(parts.get(name, {})))
             if missing:
-                raise ValueError(f"checkpoint lacks {prefix}.{missing[0]}.{name}.weight (experts 0…{n - 1})")
+                raise ValueError(f"checkpoint lacks {prefix}.{missing[0]}.{name}.{tensor} (experts 0…{n - 1})")
 
         def take(name):
             return [state.pop(parts[name][e]) for e in range(n)]
+        gate_up, down = _STACKED[tensor]
         gate, up = take("gate_proj"), take("up_proj")
-        state[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat([g, u]) for g, u in zip(gate, up)])
+        state[f"{prefix}.{gate_up}"] = torch.stack([torch.cat([g, u]) for g, u in zip(gate, up)])
         del gate, up
-        state[f"{prefix}.down_proj"] = torch.stack(take("down_proj"))
+        state[f"{prefix}.{down}"] = torch.stack(take("down_proj"))
     return state

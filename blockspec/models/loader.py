@@ -17,7 +17,9 @@ from safetensors.torch import load_file
 from torch import nn
 
 from blockspec.attention.backend import AttentionBackend
+from blockspec.layers.int4_experts import Int4GroupedExperts
 from blockspec.layers.int4_linear import Int4Linear
+from blockspec.layers.moe import MoE
 from blockspec.models.quantized import Quantization, dequantize_state_dict, human_bytes, quantization_of
 from blockspec.models.registry import Wrapper, model_class_for, parse_config, read_config, wrapper_of
 
@@ -109,37 +111,78 @@ def keep_int4_linears(model: nn.Module, state: dict[str, torch.Tensor], quant: Q
             setattr(model.get_submodule(parent), attr, layer)
 
 
+def keep_int4_experts(model: nn.Module, state: dict[str, torch.Tensor], quant: Quantization | None,
+                      prefix: str = "") -> set[str]:
+    """Swap every MoE layer's routed experts whose checkpoint weights are packed (`prefix + name +
+    ".0.gate_proj.weight_packed"` in `state`) for an `Int4GroupedExperts` on meta, so that they
+    load packed. Returns the per-expert module names (with `prefix`) whose packed tensors it takes."""
+    kept: set[str] = set()
+    for name, moe in list(model.named_modules()):
+        if not isinstance(moe, MoE) or quant is None:
+            continue
+        experts = prefix + (name + "." if name else "") + "experts."
+        if experts + "0.gate_proj.weight_packed" not in state:
+            continue
+        schemes = {quant.scheme_for(experts + "0." + p) for p in ("gate_proj", "up_proj", "down_proj")}
+        if None in schemes or len(schemes) != 1:
+            continue   # dequantize_state_dict names the module no config group targets
+        scheme = schemes.pop()
+        hidden = moe.gate.weight.shape[1]
+        moe.experts = Int4GroupedExperts(hidden, moe.gate.cfg, scheme.group_size, scheme.num_bits, device="meta",
+                                         dtype=state[experts + "0.gate_proj.weight_scale"].dtype)
+        kept |= {k[:-len(".weight_packed")] for k in state if k.startswith(experts) and k.endswith(".weight_packed")}
+    return kept
+
+
 def model_weights(model_dir: str | Path, raw: dict, model: nn.Module, dtype: torch.dtype,
-                  int4_linears: bool = False) -> dict[str, torch.Tensor]:
+                  int4_linears: bool = False, int4_experts: bool = False) -> dict[str, torch.Tensor]:
     """The checkpoint's weights under `model`'s names: a wrapper's vision weights dropped, its
     text weights renamed, quantised weights dequantised to `dtype` (or left packed for modules
-    that keep them; `int4_linears` first makes every packed plain linear such a module)."""
+    that keep them; `int4_linears` first makes every packed plain linear such a module,
+    `int4_experts` every MoE layer's packed routed experts)."""
     wrapper, quant = wrapper_of(raw), quantization_of(raw)
     state = load_state_dict(model_dir)
     drop_skipped(state, wrapper)
     prefix = wrapper.text_prefix if wrapper else ""
     if int4_linears:
         keep_int4_linears(model, state, quant, prefix)
-    keep = {prefix + k[:-len(".weight_packed")] for k in model.state_dict() if k.endswith(".weight_packed")}
+    keep = keep_int4_experts(model, state, quant, prefix) if int4_experts else set()
+    log_int4_experts(state, int4_experts, len(keep), dtype)
+    keep |= {prefix + k[:-len(".weight_packed")] for k in model.state_dict() if k.endswith(".weight_packed")}
     report = dequantize_state_dict(state, quant, dtype, keep)
     if quant is not None:
         logger.info("%s", report.line(dtype))
     return text_names(state, wrapper)
 
 
+def log_int4_experts(state: dict[str, torch.Tensor], kept: bool, tensors: int, dtype: torch.dtype) -> None:
+    """One line saying what became of packed routed-expert weights, when the checkpoint has some."""
+    if not any(".experts." in k and k.endswith(".weight_packed") for k in state):
+        return
+    if kept:
+        logger.info("routed experts: INT4 kept packed in memory (%d tensors; W4A16 grouped kernel on CUDA)", tensors)
+    else:
+        logger.info("routed experts: INT4 dequantised to %s (the default off CUDA; load_target(int4_experts=True) "
+                    "keeps them packed)", str(dtype).removeprefix("torch."))
+
+
 def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
                 device: str | torch.device = "cpu", backend: AttentionBackend | None = None,
-                *, int4_linears: bool = False):
+                *, int4_linears: bool = False, int4_experts: bool | None = None):
     """Build the target model (its class from the architecture registry) and load its weights.
 
     `int4_linears=True` keeps packed INT4 weights of plain linear layers packed (`Int4Linear`:
-    the W4A16 kernel on CUDA) instead of dequantising them."""
+    the W4A16 kernel on CUDA) instead of dequantising them. `int4_experts` does the same for
+    MoE layers' routed experts (`Int4GroupedExperts`); None (the default) means packed on CUDA,
+    dequantised elsewhere (the CPU has no kernel for them: packed there is only slower)."""
     raw = read_config(model_dir)
     cfg = parse_config(raw)
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
+    if int4_experts is None:
+        int4_experts = torch_device.type == "cuda"
     with torch.device("meta"):
         model = model_class_for(cfg)(cfg, backend)
-    state = model.convert_checkpoint(model_weights(model_dir, raw, model, torch_dtype, int4_linears))
+    state = model.convert_checkpoint(model_weights(model_dir, raw, model, torch_dtype, int4_linears, int4_experts))
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     expected = set(model.state_dict().keys())

@@ -14,7 +14,9 @@ Two formats, detected per tensor by the names the checkpoint uses:
 
 Everything else in such a checkpoint (norms, embeddings, the router) is stored unquantised and
 loads as it is. A model that keeps INT4 weights packed (a module with `weight_packed` and
-`weight_scale` buffers, e.g. `layers.int4_linear.Int4Linear`) receives them as they are.
+`weight_scale` buffers, e.g. `layers.int4_linear.Int4Linear`, or routed experts swapped for
+`layers.int4_experts.Int4GroupedExperts`: the loader names those modules in `keep_packed`)
+receives them as they are.
 """
 
 from __future__ import annotations

@@ -183,6 +183,14 @@ def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
     with torch.device("meta"):
         model = model_class_for(cfg)(cfg, backend)
     state = model.convert_checkpoint(model_weights(model_dir, raw, model, torch_dtype, int4_linears, int4_experts))
+    return assign_weights(model, cfg, state, model_dir, torch_device, torch_dtype)
+
+
+def assign_weights(model: nn.Module, cfg, state: dict[str, torch.Tensor], model_dir, device: torch.device,
+                   dtype: torch.dtype) -> nn.Module:
+    """Load `state` (the model's names) into a model built on meta: every weight present and no
+    other (errors name the first few), ties restored, moved to `device`/`dtype` (float32 where
+    the model keeps it). Shared by the single-process and the tensor-parallel loaders."""
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     expected = set(model.state_dict().keys())
@@ -199,9 +207,9 @@ def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
         model.lm_head.weight = model.model.embed_tokens.weight
     # Non-persistent buffers were created on meta; RoPE frequencies stay float32 in any dtype.
     model.rotary = type(model.rotary)(cfg.rope, cfg.head_dim)
-    model = model.to(device=torch_device, dtype=torch_dtype)
-    model.rotary = type(model.rotary)(cfg.rope, cfg.head_dim).to(torch_device)
-    keep_float32(model, state, torch_device)
+    model = model.to(device=device, dtype=dtype)
+    model.rotary = type(model.rotary)(cfg.rope, cfg.head_dim).to(device)
+    keep_float32(model, state, device)
     return model.eval()
 
 

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 
 from blockspec.attention.backend import AttentionBackend
-from blockspec.models.loader import keep_float32, parse_dtype, safetensors_files
+from blockspec.models.loader import assign_weights, parse_dtype, safetensors_files
 from blockspec.models.quantized import quantization_of
 from blockspec.models.registry import model_class_for, parse_config, read_config, wrapper_of
 from blockspec.parallel.group import Group
@@ -69,23 +69,4 @@ def load_shard(model_dir: str | Path, dtype: str | torch.dtype, device: torch.de
                 new_name, rule = found
                 t = read_slice(handle, key, rule, plan.rank)
                 state[new_name] = t if new_name.endswith(keep32) else t.to(torch_dtype)
-    state = model.convert_checkpoint(state)
-    if cfg.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    expected = set(model.state_dict().keys())
-    if cfg.tie_word_embeddings:
-        expected.discard("lm_head.weight")
-    missing = expected - set(state)
-    if missing:
-        raise ValueError(f"checkpoint {model_dir} lacks weights: {sorted(missing)[:5]}")
-    unexpected = {k for k in set(state) - expected if not k.endswith("rotary_emb.inv_freq")}
-    if unexpected:
-        raise ValueError(f"checkpoint {model_dir} has unexpected weights: {sorted(unexpected)[:5]}")
-    model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False, assign=True)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    model.rotary = type(model.rotary)(cfg.rope, cfg.head_dim)
-    model = model.to(device=device, dtype=torch_dtype)
-    model.rotary = type(model.rotary)(cfg.rope, cfg.head_dim).to(device)
-    keep_float32(model, state, device)
-    return model.eval()
+    return assign_weights(model, cfg, model.convert_checkpoint(state), model_dir, device, torch_dtype)

@@ -77,7 +77,10 @@ def _add_tool_engine_arguments(p: argparse.ArgumentParser, **defaults) -> None:
 
 
 def _add_serve(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--url", default=None, help="server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--compare-static", default=None, metavar="NAME=URL,...",
+                   help="instead of --url: servers to compare side by side, named adaptive, plain and any static "
+                        "configurations (e.g. adaptive=URL,plain=URL,chain16=URL)")
     p.add_argument("--output-dir", default=None, help="where results.json and the plots go")
     p.add_argument("--dataset", default="sharegpt", choices=DATASETS)
     p.add_argument("--dataset-path", default=None, help="data file instead of the installed package's")
@@ -226,13 +229,29 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--request-rate must be positive, got {args.request_rate}")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise ValueError("--max-tokens must be positive")
+    if (args.url is None) == (args.compare_static is None):
+        raise ValueError("bench serve needs --url or --compare-static (one of them)")
+    servers = None
+    if args.compare_static is not None:
+        from blockspec.bench.serve_compare import parse_servers
+        servers = parse_servers(args.compare_static)
     prompts = load_dataset(args.dataset, args.num_prompts, args.seed, random_input_len=args.random_input_len,
                            random_output_len=args.random_output_len, path=args.dataset_path)
-    config = ServeBenchConfig(url=args.url, prompts=prompts, concurrencies=_positive_ints(args.concurrency, "--concurrency"),
+    config = ServeBenchConfig(url=args.url or "", prompts=prompts, concurrencies=_positive_ints(args.concurrency, "--concurrency"),
                               temperatures=_temperatures(args.temperature, "--temperature"), max_tokens=args.max_tokens,
                               model=args.model, api_key=args.api_key, request_rate=args.request_rate, seed=args.seed,
                               ignore_eos=args.ignore_eos, timeout_s=args.timeout, progress=not args.no_progress)
     output_dir = args.output_dir or f"bench-serve-{time.strftime('%Y%m%d-%H%M%S')}"
+    if servers is not None:
+        from blockspec.bench.serve_compare import format_serve_compare, run_serve_compare
+        try:
+            document = run_serve_compare(config, servers, output_dir, shlex.join(sys.argv))
+        except ServerUnreachable as e:
+            print(f"blockspec bench serve: {e}", file=sys.stderr)
+            return 2
+        print(format_serve_compare(document))
+        print(f"results: {Path(output_dir) / 'compare.json'}")
+        return 0
     try:
         document = run_serve_bench(config, output_dir, shlex.join(sys.argv), _settings(args))
     except ServerUnreachable as e:

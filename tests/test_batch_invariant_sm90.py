@@ -1,7 +1,7 @@
 """The batch-invariant kernels' GPU path (tl.dot, bf16/fp16/fp32, the CUDA tiles) compiles for
 Hopper (sm_90) ahead of time, with no GPU: a type or layout error there shows up on the CPU, not
 in the device run. The compiles run in a subprocess without TRITON_INTERPRET (the interpreter
-replaces Triton's code generation in the test process). Skipped without the wheel's ptxas."""
+replaces Triton's code generation in the test process), with the ptxas the triton wheel ships."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,8 +66,7 @@ def test_gpu_path_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    if proc.returncode and "ptxas" in proc.stderr and "not found" in proc.stderr:
-        pytest.skip("the triton wheel has no ptxas")
+    # The triton wheel ships ptxas (triton/backends/nvidia/bin): no GPU is needed, so no skip.
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(found) == 3 + 2 + 6

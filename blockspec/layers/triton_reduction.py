@@ -142,18 +142,20 @@ def _matches(probes, variant, device) -> bool:
     return True
 
 
-def cuda_order_variant(device: torch.device | str | None = None) -> tuple | None:
+def cuda_order_variant(device: torch.device | str | None = None, mean_of_squares=None) -> tuple | None:
     """The `(vec_min, warp_halving, split_order)` whose order equals torch's own
     `pow(2).mean(-1)` on this device, on random probes where the candidate orders disagree;
     None when no candidate matches the unsplit rows (a torch whose reduction is not modelled:
     RMSNorm then stays eager), split_order None when none matches rows split across warps
     (those rows stay eager). Cached per device; runs torch ops and syncs, so call it outside
-    CUDA-graph capture (`enable_fused_ops` does)."""
+    CUDA-graph capture (`enable_fused_ops` does). `mean_of_squares(sq [rows, n]) → [rows]`
+    replaces torch's `sq.mean(-1)` as what is matched (tests of the detection; not cached)."""
     device = torch.device(device if device is not None else "cuda")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    if device in _variants:
+    if mean_of_squares is None and device in _variants:
         return _variants[device]
+    mean = mean_of_squares or (lambda sq: sq.mean(-1))
     gen = torch.Generator(device=device).manual_seed(1234)
 
     def make(spec):
@@ -161,7 +163,8 @@ def cuda_order_variant(device: torch.device | str | None = None) -> tuple | None
         for rows, n, calls in spec:
             for _ in range(calls):
                 x = torch.randn(rows, n, generator=gen, device=device) * 3
-                out.append((rows, n, x.pow(2), x.pow(2).mean(-1)))
+                sq = x.pow(2)
+                out.append((rows, n, sq, mean(sq)))
         return out
 
     probes, split_probes = make(_PROBES), make(_SPLIT_PROBES)
@@ -176,7 +179,8 @@ def cuda_order_variant(device: torch.device | str | None = None) -> tuple | None
                     found = (vec_min, halving, order)
                     break
             break
-    _variants[device] = found
+    if mean_of_squares is None:
+        _variants[device] = found
     return found
 
 

@@ -132,12 +132,24 @@ def test_cuda_order_sum_of_squares(rows, n, variant):
         assert_equal(ss * factor, x.pow(2).mean(-1))
 
 
+@pytest.mark.parametrize("planted", triton_reduction.CUDA_ORDER_VARIANTS, ids=str)
+def test_the_detection_finds_the_order_a_torch_uses(planted):
+    """`cuda_order_variant` on a "torch" whose mean of squares sums in the planted order (the
+    detection's logic, on CPU): it names that order, split rows included; a torch whose order is
+    none of them (the CPU's own) is named None, so RMSNorm stays eager there."""
+    def planted_mean(sq):
+        rows, n = sq.shape
+        return triton_reduction.cuda_order_sum_reference(sq, planted) * triton_ops._mean_factor(rows, n)
+    assert triton_reduction.cuda_order_variant("cpu", planted_mean) == planted
+    assert triton_reduction.cuda_order_variant("cpu") is None
+
+
 def test_the_running_torchs_cuda_order_is_modelled():
     if DEVICE != "cuda":
-        # It asks the running CUDA torch which reduction order it uses; the device runs cover it
-        # (bench/gpu_fastpath.sh runs tests/layers on CUDA; this session's H200 run, 85 passed:
-        # bench/results/gpu_overlap/call1_three_copies/log.txt, bench/gpu_overlap.sh at 35fc300).
-        pytest.skip("needs CUDA: the CPU order is checked by every exactness test here")
+        # It asks the running CUDA torch which order it uses (the detection itself is tested on
+        # CPU above); the device runs cover it (bench/gpu_fastpath.sh runs tests/layers on CUDA;
+        # H200: bench/results/gpu_overlap/call1_three_copies/log.txt).
+        pytest.skip("needs the CUDA torch whose reduction order is detected")
     assert triton_ops.cuda_order_variant(DEVICE) is not None
 
 

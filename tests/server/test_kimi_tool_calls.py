@@ -18,6 +18,7 @@ from blockspec.server.kimi_tool_calls import (ARGUMENT_BEGIN, CALL_BEGIN, CALL_E
                                               KimiToolFormat)
 from blockspec.server.tool_formats import tool_format_for
 from blockspec.tokenizer import Tokenizer
+from test_tool_call_parsing import feed_in_pieces
 from kimi_fixtures import BASE, TOOL_MARKERS, write_kimi_tokenizer
 
 KIMI = KimiToolFormat({t: i for i, t in TOOL_MARKERS.items()})
@@ -57,25 +58,6 @@ REPLIES = {  # reply: (content, [(id, name)]); content never holds a marker
 }
 
 
-def _feed(fmt, text: str, size: int) -> tuple[str, list[tuple[str, str, str]]]:
-    stream = fmt.stream()
-    deltas = []
-    for i in range(0, len(text), size):
-        deltas += stream.feed(text[i:i + size])
-    deltas += stream.finish()
-    content = "".join(d["content"] for d in deltas if "content" in d)
-    calls: dict[int, list] = {}
-    for d in deltas:
-        for c in d.get("tool_calls", []):
-            slot = calls.setdefault(c["index"], ["", "", ""])
-            if "id" in c:
-                assert c["type"] == "function"
-                slot[0] = c["id"]
-            slot[1] += c["function"].get("name", "")
-            slot[2] += c["function"]["arguments"]
-    return content, [tuple(calls[i]) for i in sorted(calls)]
-
-
 @pytest.mark.parametrize("name", list(REPLIES))
 def test_whole_and_streamed_replies_agree(name):
     text, content, expected = REPLIES[name]
@@ -85,7 +67,7 @@ def test_whole_and_streamed_replies_agree(name):
     for c in calls:
         assert json.loads(c["function"]["arguments"]) == {"a": 1}
     for size in (1, 2, 7, len(text)):
-        assert _feed(KIMI, text, size) == (content or "", [(c["id"], c["function"]["name"], c["function"]["arguments"])
+        assert feed_in_pieces(KIMI, text, size) == (content or "", [(c["id"], c["function"]["name"], c["function"]["arguments"])
                                                            for c in calls])
 
 

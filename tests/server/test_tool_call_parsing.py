@@ -23,8 +23,10 @@ REPLIES = {
 }
 
 
-def _feed(text: str, size: int) -> tuple[str, list[tuple[str, str]]]:
-    stream = HERMES.stream()
+def feed_in_pieces(fmt, text: str, size: int) -> tuple[str, list[tuple[str, str, str]]]:
+    """`fmt`'s stream fed `text` in pieces of `size` characters → (content, [(id, name,
+    arguments)] per call index), the deltas joined as an OpenAI client joins them."""
+    stream = fmt.stream()
     deltas = []
     for i in range(0, len(text), size):
         deltas += stream.feed(text[i:i + size])
@@ -33,11 +35,12 @@ def _feed(text: str, size: int) -> tuple[str, list[tuple[str, str]]]:
     calls: dict[int, list] = {}
     for d in deltas:
         for c in d.get("tool_calls", []):
-            slot = calls.setdefault(c["index"], ["", ""])
+            slot = calls.setdefault(c["index"], ["", "", ""])
             if "id" in c:
-                assert c["id"].startswith("call_") and c["type"] == "function"
-            slot[0] += c["function"].get("name", "")
-            slot[1] += c["function"]["arguments"]
+                assert c["type"] == "function"
+                slot[0] = c["id"]
+            slot[1] += c["function"].get("name", "")
+            slot[2] += c["function"]["arguments"]
     return content, [tuple(calls[i]) for i in sorted(calls)]
 
 
@@ -50,9 +53,11 @@ def test_whole_and_streamed_replies_agree(name):
     for call in calls:
         assert json.loads(call["function"]["arguments"]) == {"a": 1}
     for size in (1, 2, 5, len(text)):
-        streamed_content, streamed_calls = _feed(text, size)
+        streamed_content, streamed_calls = feed_in_pieces(HERMES, text, size)
         assert streamed_content == (content or "")
-        assert streamed_calls == [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+        assert all(call_id.startswith("call_") for call_id, _, _ in streamed_calls)
+        assert [call[1:] for call in streamed_calls] == [(c["function"]["name"], c["function"]["arguments"])
+                                                         for c in calls]
 
 
 def test_finish_reasons():

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 
-from blockspec.server.tool_calls import Call, ToolFormat, arguments_json, chosen_names, parameters_of, tool_choice_mode
-from blockspec.structured_output import StructuredOutput, json_schema_grammar
+from blockspec.server.tool_calls import Call, ToolFormat, arguments_json
+from blockspec.structured_output import json_schema_grammar
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -39,22 +39,14 @@ class HermesToolFormat(ToolFormat):
         arguments = arguments_json(obj.get("arguments", {}))
         return None if arguments is None else [(None, obj["name"], arguments)]
 
-    def call_grammar(self, tools, tool_choice, parallel_tool_calls):
-        mode = tool_choice_mode(tool_choice)
-        if mode in ("auto", "none"):
-            return None
-        params = parameters_of(tools)
-
+    def calls_format(self, names, params, named, one_call):
         def tag(name: str) -> dict:
             # The arguments as every JSON blockspec generates (no free whitespace: a sampled
             # model can spend its whole budget on it), given to the tag as the grammar's EBNF.
             return {"type": "tag", "begin": _CALL_BEGIN + name + _CALL_ARGS,
                     "content": {"type": "grammar", "grammar": str(json_schema_grammar(params[name]))},
                     "end": _CALL_END}
-        names = chosen_names(tools, tool_choice)
-        if mode == "named":
-            fmt = tag(names[0])
-        else:
-            fmt = {"type": "tags_with_separator", "tags": [tag(n) for n in names], "separator": "\n",
-                   "at_least_one": True, "stop_after_first": parallel_tool_calls is False}
-        return StructuredOutput("structural_tag", {"type": "structural_tag", "format": fmt}, field="tools")
+        if named:
+            return tag(names[0])
+        return {"type": "tags_with_separator", "tags": [tag(n) for n in names], "separator": "\n",
+                "at_least_one": True, "stop_after_first": one_call}

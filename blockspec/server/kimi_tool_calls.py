@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 import re
 
-from blockspec.server.tool_calls import Call, ToolFormat, arguments_json, chosen_names, parameters_of, tool_choice_mode
-from blockspec.structured_output import StructuredOutput, json_schema_grammar
+from blockspec.server.tool_calls import Call, ToolFormat, arguments_json
+from blockspec.structured_output import json_schema_grammar
 
 SECTION_BEGIN = "<|tool_calls_section_begin|>"
 SECTION_END = "<|tool_calls_section_end|>"
@@ -74,12 +74,7 @@ class KimiToolFormat(ToolFormat):
             pos = match.end()
         return calls if calls and not inner[pos:].strip() else None
 
-    def call_grammar(self, tools, tool_choice, parallel_tool_calls):
-        mode = tool_choice_mode(tool_choice)
-        if mode in ("auto", "none"):
-            return None
-        params = parameters_of(tools)
-
+    def calls_format(self, names, params, named, one_call):
         def token(marker: str) -> dict:
             return {"type": "token", "token": self.ids[marker]}
 
@@ -89,11 +84,9 @@ class KimiToolFormat(ToolFormat):
                 token(CALL_BEGIN), {"type": "const_string", "value": f"functions.{name}:"},
                 {"type": "regex", "pattern": _INDEX}, token(ARGUMENT_BEGIN),
                 {"type": "grammar", "grammar": str(json_schema_grammar(params[name]))}, token(CALL_END)]}
-        names = chosen_names(tools, tool_choice)
-        if mode == "named":
+        if named:
             calls = call(names[0])
         else:
             one = call(names[0]) if len(names) == 1 else {"type": "or", "elements": [call(n) for n in names]}
-            calls = {"type": "repeat", "min": 1, "max": 1 if parallel_tool_calls is False else -1, "content": one}
-        fmt = {"type": "sequence", "elements": [token(SECTION_BEGIN), calls, token(SECTION_END)]}
-        return StructuredOutput("structural_tag", {"type": "structural_tag", "format": fmt}, field="tools")
+            calls = {"type": "repeat", "min": 1, "max": 1 if one_call else -1, "content": one}
+        return {"type": "sequence", "elements": [token(SECTION_BEGIN), calls, token(SECTION_END)]}

@@ -44,12 +44,23 @@ class ToolFormat(ABC):
     def parse_block(self, inner: str) -> list[Call] | None:
         """The calls of one block's inside (between `open` and `close`), None if it is not calls."""
 
-    @abstractmethod
     def call_grammar(self, tools: list[dict], tool_choice, parallel_tool_calls: bool | None) -> StructuredOutput | None:
         """The grammar of `tool_choice` `required` (one or more calls of the given tools, nothing
         else; exactly one when parallel_tool_calls is false) or a named function (exactly one
         call of it: tool_choice is then the dict {"type": "function", "function": {"name"}});
         None for `auto` and `none`, which leave the model free. `tools` are OpenAI tool dicts."""
+        mode = tool_choice_mode(tool_choice)
+        if mode in ("auto", "none"):
+            return None
+        fmt = self.calls_format(chosen_names(tools, tool_choice), parameters_of(tools), mode == "named",
+                                parallel_tool_calls is False)
+        return StructuredOutput("structural_tag", {"type": "structural_tag", "format": fmt}, field="tools")
+
+    @abstractmethod
+    def calls_format(self, names: list[str], params: dict[str, dict], named: bool, one_call: bool) -> dict:
+        """The xgrammar structural-tag format of this reply style: exactly one call of `names[0]`
+        when `named`, else one or more calls of any of `names` (exactly one when `one_call`),
+        each call's arguments valid for `params[name]`."""
 
     def stream(self) -> "ToolCallStream":
         return ToolCallStream(self)

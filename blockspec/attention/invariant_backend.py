@@ -13,7 +13,7 @@ import torch
 from blockspec.attention.backend import AttentionBackend, AttentionPlan
 from blockspec.attention.metadata import AttentionBatch
 from blockspec.attention.triton_invariant import invariant_attention, tree_ancestors
-from blockspec.attention.triton_kv_write import write_kv
+from blockspec.attention.triton_kv_write import store_new_kv
 from blockspec.kv.cache import KVCache, LatentCache
 
 
@@ -31,8 +31,7 @@ class BatchInvariantBackend(AttentionBackend):
     def forward(self, q, k, v, cache: KVCache, layer: int, plan: AttentionPlan, scale: float) -> torch.Tensor:
         """q `[B, Q, Hq, D]`, new k/v `[B, Q, Hkv, D]` → out `[B, Q, Hq, D]`; writes k/v first."""
         batch = plan.batch
-        if not write_kv(cache.k[layer], cache.v[layer], batch.slots, k, v):
-            cache.write(layer, batch.slots, k, v)
+        store_new_kv(cache, layer, batch.slots, k, v)
         kind, ancestors = plan.extra
         return invariant_attention(q, cache.k[layer], cache.v[layer], batch.page_table.contiguous(),
                                    batch.prefix_lens.contiguous(), batch.new_lens.contiguous(), scale,

@@ -8,7 +8,7 @@ import torch
 
 from blockspec.attention.backend import AttentionBackend, AttentionPlan
 from blockspec.attention.metadata import AttentionBatch
-from blockspec.attention.triton_kv_write import write_kv
+from blockspec.attention.triton_kv_write import store_new_kv
 from blockspec.attention.triton_mla import mla_paged_attention
 from blockspec.attention.triton_paged import paged_attention
 from blockspec.kv.cache import KVCache, LatentCache
@@ -23,8 +23,7 @@ class TritonBackend(AttentionBackend):
 
     def forward(self, q, k, v, cache: KVCache, layer: int, plan: AttentionPlan, scale: float) -> torch.Tensor:
         batch = plan.batch
-        if not write_kv(cache.k[layer], cache.v[layer], batch.slots, k, v):
-            cache.write(layer, batch.slots, k, v)
+        store_new_kv(cache, layer, batch.slots, k, v)
         kind, new_mask = plan.extra
         # The kernel indexes these by row with unit stride: views of packed host copies are not.
         return paged_attention(q, cache.k[layer], cache.v[layer], batch.page_table.contiguous(),

@@ -49,3 +49,10 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, 
                                H=H, D=D, BLOCK_H=triton.next_power_of_2(H), BLOCK_D=triton.next_power_of_2(D),
                                num_warps=1 if H * D <= 1024 else 4)
     return True
+
+
+def store_new_kv(cache, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """The new k, v `[B, Q, H, D]` into `cache` (a `KVCache`) at `slots [B, Q]` of `layer`: one
+    Triton launch where the layout allows (`write_kv`), else the cache's index copy."""
+    if not write_kv(cache.k[layer], cache.v[layer], slots, k, v):
+        cache.write(layer, slots, k, v)

@@ -77,6 +77,12 @@ def packed_result(result: VerifyResult, num_nodes: torch.Tensor) -> torch.Tensor
                       result.committed, result.path.to(result.committed.dtype)], dim=1)
 
 
+def _roots_only(inputs: StepInputs) -> DraftTree:
+    """A chain of no drafts: the step is a plain decode of each row's root."""
+    empty = torch.zeros(inputs.batch_size, 0, dtype=torch.long, device=inputs.device)
+    return chain_tree(empty, inputs.roots)
+
+
 class SpeculativeStep:
     """Drives a proposer (or none) and the verifier for decode steps."""
 
@@ -119,20 +125,13 @@ class SpeculativeStep:
         output), the uniforms' layout does not depend on them (`uniforms_per_row`, the fixed
         offsets in `verify`), and every verifier is exact for any tree it is given, so every
         committed token is still an exact draw from the target whatever was chosen."""
-        if width is not None and width == 1 and row_widths is None:
-            empty = torch.zeros(inputs.batch_size, 0, dtype=torch.long, device=inputs.device)
-            return chain_tree(empty, inputs.roots), None
-        tree, draft_probs = self._draft_full(inputs)
+        if self.proposer is None or (width == 1 and row_widths is None):
+            return _roots_only(inputs), None
+        tree, draft_probs = self.proposer.propose(inputs.seqs, inputs)
+        tree = tree.to(inputs.device)
         if (width is not None and width < tree.width) or row_widths is not None:
             tree = truncate_tree(tree, min(width or tree.width, tree.width), row_widths)
         return tree, draft_probs
-
-    def _draft_full(self, inputs: StepInputs) -> tuple[DraftTree, torch.Tensor | None]:
-        if self.proposer is None:
-            empty = torch.zeros(inputs.batch_size, 0, dtype=torch.long, device=inputs.device)
-            return chain_tree(empty, inputs.roots), None
-        tree, draft_probs = self.proposer.propose(inputs.seqs, inputs)
-        return tree.to(inputs.device), draft_probs
 
     def run(self, runner: TargetForward, inputs: StepInputs, graphed=None, width: int | None = None,
             row_widths: torch.Tensor | None = None) -> StepResult:

@@ -98,9 +98,11 @@ def test_rejection_is_accepted_for_ddtree_by_the_config_and_flags():
 def test_auto_rule_verifies_sampled_rows_by_rejection_and_reports_it(qwen3_dir, drafter):
     """The default rule: rejection sampling where the proposer has a q (dflash, ddtree),
     target-only for n-gram; each request's spec_decoding says how it was verified."""
-    assert [EngineConfig(model="m", spec=s).verify_rule() for s in ("dflash", "ddtree", "ngram", "none")] == \
-        ["rejection", "rejection", "target-only", "target-only"]
-    assert EngineConfig(model="m", spec="dflash", spec_verify="target-only").verify_rule() == "target-only"
+    engines = [LLM(model=qwen3_dir, spec=s, draft_model=drafter if s in ("dflash", "ddtree") else None).engine
+               for s in ("dflash", "ddtree", "ngram", "none")]
+    assert [e.verify_rule for e in engines] == ["rejection", "rejection", "target-only", "target-only"]
+    assert LLM(model=qwen3_dir, spec="dflash", draft_model=drafter, spec_verify="target-only").engine.verify_rule \
+        == "target-only"
     prompts = prompts_for(512, [6, 11], seed=4)
     sampled = SamplingParams(temperature=1.0, max_tokens=16, seed=5, ignore_eos=True)
     llm = LLM(model=qwen3_dir, spec="dflash", draft_model=drafter)

@@ -20,7 +20,8 @@ class EngineConfig:
     spec: str = "none"
     draft_model: str | None = None
     block_size: int | None = None
-    spec_verify: str = "auto"          # "target-only", "rejection" (drafts sampled from q), or the best the proposer allows
+    spec_verify: str = "auto"          # "target-only", "rejection" (drafts sampled from q), or the best the
+                                       # proposer allows (`resolve_verify_rule`)
     tree_budget: int | None = None
     spec_policy: str = "adaptive"      # or "static": always the method's full block / budget (docs/adaptive.md)
     tree_topk: int | None = None
@@ -40,16 +41,6 @@ class EngineConfig:
                                        # of verify width and batch (docs/batch_invariance.md)
     tensor_parallel_size: int = 1      # ranks the target is sharded over (docs/parallelism.md)
     expert_parallel: bool = False      # with tensor_parallel_size > 1: whole experts per rank, not split experts
-
-    def verify_rule(self) -> str:
-        """The rule sampled rows are verified by. "auto" takes the one that accepts most: rejection
-        sampling of drafts drawn from the drafter's q (Σ min(p, q) per position, against p(draft)
-        for a point-mass draft; bench/results/sampled_tree_cpu/) where the proposer has a q
-        (dflash, ddtree), else target-only (n-gram drafts are point masses). Greedy rows always
-        walk the argmax, whatever the rule."""
-        if self.spec_verify != "auto":
-            return self.spec_verify
-        return "rejection" if self.spec in ("dflash", "ddtree") else "target-only"
 
     def validate(self) -> None:
         if self.spec not in SPEC_ALGORITHMS:

@@ -36,7 +36,7 @@ from blockspec.models.loader import parse_device, parse_dtype
 from blockspec.models.registry import load_config
 from blockspec.penalties import PenaltyProcessor
 from blockspec.sampling import SamplingParams, draw_uniforms, filtered_probs, make_generator, sample_from_probs
-from blockspec.speculative.step import SpeculativeStep, StepResult
+from blockspec.speculative.step import SpeculativeStep, StepResult, resolve_verify_rule
 from blockspec.tokenizer import Tokenizer
 
 log = logging.getLogger("blockspec.engine")
@@ -111,9 +111,7 @@ class Engine:
             self.proposer.load(self.model, num_pages, config.page_size, self.attention_backend)
         capture = self.proposer.target_layer_ids if self.proposer else ()
         self.runner = ModelRunner(self.model, self.cache, self.device, tuple(capture))
-        # "auto" follows the proposer in hand: one given to the engine (tests, tools) may draw no q.
-        self.verify_rule = (config.spec_verify if config.spec_verify != "auto" else
-                            "rejection" if getattr(self.proposer, "sample_drafts", False) else "target-only")
+        self.verify_rule = resolve_verify_rule(config.spec_verify, self.proposer)
         self.spec_step = SpeculativeStep(self.proposer, self.verify_rule)
         # Each step's verify width (plain, a shorter chain, a smaller tree), chosen from the past
         # only (engine/spec_policy.py; static: always the full width).

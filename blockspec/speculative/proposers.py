@@ -201,8 +201,8 @@ def build_proposer(config, target_config):
             raise ValueError(f"spec {config.spec!r} needs a draft model (draft_model / --draft-model)")
         drafter_config = read_drafter_config(config.draft_model, target_config)
         if config.spec == "dflash":
-            return DFlashProposer(drafter_config, config.block_size, sample_drafts=config.verify_rule() == "rejection",
+            return DFlashProposer(drafter_config, config.block_size, sample_drafts=config.spec_verify != "target-only",
                                   draft_dir=config.draft_model)
         return DFlashProposer(drafter_config, config.block_size, config.tree_budget or 16, config.tree_topk,
-                              sample_drafts=config.verify_rule() == "rejection", draft_dir=config.draft_model)
+                              sample_drafts=config.spec_verify != "target-only", draft_dir=config.draft_model)
     raise ValueError(f"unknown spec {config.spec!r}")

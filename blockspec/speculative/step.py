@@ -77,6 +77,17 @@ def packed_result(result: VerifyResult, num_nodes: torch.Tensor) -> torch.Tensor
                       result.committed, result.path.to(result.committed.dtype)], dim=1)
 
 
+def resolve_verify_rule(spec_verify: str, proposer) -> str:
+    """The rule sampled rows are verified by. "auto" takes the one that accepts most: rejection
+    sampling of drafts drawn from the drafter's q (Σ min(p, q) per position, against p(draft)
+    for a point-mass draft; bench/results/sampled_tree_cpu/) where the proposer samples its
+    drafts (DFlash and DDTree do under "auto": `build_proposer`), else target-only (n-gram
+    drafts, or an injected proposer, are point masses). Greedy rows always walk the argmax."""
+    if spec_verify != "auto":
+        return spec_verify
+    return "rejection" if getattr(proposer, "sample_drafts", False) else "target-only"
+
+
 def _roots_only(inputs: StepInputs) -> DraftTree:
     """A chain of no drafts: the step is a plain decode of each row's root."""
     empty = torch.zeros(inputs.batch_size, 0, dtype=torch.long, device=inputs.device)

@@ -92,6 +92,16 @@ def time_attention(model, backend, batch: int, context: int, iters: int, page_si
     return (time.perf_counter() - start) / iters * 1e3
 
 
+def pack_experts(model, group_size: int = 32) -> None:
+    """Every MoE layer's routed experts quantised to INT4 in groups of `group_size` along K and
+    kept packed (`Int4GroupedExperts`: the W4A16 kernel on CUDA), as Kimi K2.5/K2.6 ship them."""
+    from blockspec.layers.int4_experts import Int4GroupedExperts
+    for moe in _moe_layers(model):
+        moe.experts = Int4GroupedExperts.from_experts(moe.experts, moe.gate.cfg, group_size)
+    if model.lm_head.weight.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def run_moe_slice_bench(cfg, log=print) -> dict:
     """The Kimi-slice figures for a `StepBenchConfig` (its shape, device, dtype, context,
     batches, iters, graphs, attention backend, attention_contexts, output)."""
@@ -99,10 +109,13 @@ def run_moe_slice_bench(cfg, log=print) -> dict:
     device, dtype = parse_device(cfg.device), parse_dtype(cfg.dtype)
     backend = select_backend(cfg.attention_backend, device)
     model = random_target(dict(MOE_SHAPES[cfg.shape]), dtype, device, backend)
+    if cfg.int4_experts:
+        pack_experts(model)
     bandwidth = copy_bandwidth(device)
     kv_per_token = model.cache_spec.bytes_per_token(dtype)
     log(f"shape {cfg.shape}: weights {weight_bytes(model) / 1e9:.2f} GB, latent cache {kv_per_token} bytes per token, "
-        f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, backend {backend.name}, graphs {cfg.graphs and device.type == 'cuda'}")
+        f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, backend {backend.name}, graphs {cfg.graphs and device.type == 'cuda'}, "
+        f"routed experts {'INT4 packed' if cfg.int4_experts else dtype}")
     for moe in _moe_layers(model):
         moe.record_expert_hits()
     figures, floors, profiles = [], {}, {}

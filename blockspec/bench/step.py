@@ -281,10 +281,14 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, iters: int = 10)
 
 def weight_bytes(module: torch.nn.Module, skip_embedding: bool = True) -> int:
     """Bytes a forward reads from the weights: every parameter once (the embedding table only
-    through its B looked-up rows, so it is left out unless it doubles as the LM head)."""
+    through its B looked-up rows, so it is left out unless it doubles as the LM head), and the
+    packed integer weights and their scales, which quantised layers keep as buffers."""
+    from blockspec.layers.int4_experts import Int4GroupedExperts
     seen, total = set(), 0
     lm_head = getattr(module, "lm_head", None)
-    for name, p in module.named_parameters():
+    packed = [(f"{n}.{b}", t) for n, m in module.named_modules() if isinstance(m, Int4GroupedExperts)
+              for b, t in m.named_buffers(recurse=False)]
+    for name, p in [*module.named_parameters(), *packed]:
         if id(p) in seen:
             continue
         seen.add(id(p))
@@ -313,6 +317,7 @@ class StepBenchConfig:
     attention_backend: str = "auto"
     batch_invariant: bool = False   # the target on the batch-invariant kernels (docs/batch_invariance.md)
     attention_contexts: list[int] = field(default_factory=lambda: [4096, 32768])   # MoE slices: MLA alone
+    int4_experts: bool = False      # MoE slices: routed experts packed INT4, group 32 (as Kimi ships them)
     output: str | None = None
 
 

@@ -150,6 +150,8 @@ def _add_step(p: argparse.ArgumentParser) -> None:
                    help="also time capturing every CUDA-graph bucket up to the largest batch (plain decode)")
     p.add_argument("--attention-contexts", default="4096,32768",
                    help="MoE slice shapes: contexts of the MLA attention figures")
+    p.add_argument("--int4-experts", action="store_true",
+                   help="MoE slice shapes: routed experts packed INT4 (group 32) on the W4A16 kernel, as Kimi ships them")
     p.add_argument("--output", default=None, help="JSON results file")
     p.set_defaults(func=cmd_bench_step)
 
@@ -167,7 +169,7 @@ def cmd_bench_step(args) -> int:
                           attention_backend=args.attention_backend, batch_invariant=args.batch_invariant,
                           profile=args.profile, capture_all=args.capture_all,
                           attention_contexts=_positive_ints(args.attention_contexts, "--attention-contexts"),
-                          output=args.output)
+                          int4_experts=args.int4_experts, output=args.output)
     run_step_bench(cfg)
     return 0
 

@@ -36,6 +36,8 @@ class StepInputs:
     processors  host-side: the step's per-position logits processors (`logits_processing`)
     num_logprobs  host-side: alternatives to report per committed token, the most any row asks
                 for (None: no row wants logprobs)
+    width_caps  [B] int64  decode: a row's verify width where narrower than the step's (0 = the
+                step's; `SpeculativeStep.draft`); None for prefill
     """
 
     page_table: torch.Tensor
@@ -50,6 +52,7 @@ class StepInputs:
     packed: "PackedStep | None" = None
     processors: tuple = ()
     num_logprobs: int | None = None
+    width_caps: torch.Tensor | None = None
 
     @property
     def needs_eager(self) -> str | None:
@@ -121,9 +124,10 @@ class PackedStep:
     so a step crosses to the device in one copy.
 
     page_table [B, P]      int64    the rows' pages, padded with page 0
-    ints       [5, B]      int64    prefix_len, root token, top_k, greedy (0/1), previous row + 1
+    ints       [6, B]      int64    prefix_len, root token, top_k, greedy (0/1), previous row + 1
                                     (overlapped steps: read prefix and root from that row of the
-                                    step before, on the device; 0 = use these)
+                                    step before, on the device; 0 = use these), width cap (the
+                                    row's verify width when narrower than the step's; 0 = none)
     floats     [n + 3, B]  float64  the n uniforms, then temperature (1.0 for greedy rows), top_p,
                                     min_p — the flat tensor's bits
     Padding rows (past the real batch) are zeros: page 0, no prefix, token 0, temperature and top_p 1.
@@ -136,13 +140,13 @@ class PackedStep:
 
     @classmethod
     def of_flat(cls, flat: torch.Tensor, batch: int, pages: int, num_uniforms: int) -> "PackedStep":
-        table, ints, floats = flat.split([batch * pages, 5 * batch, (num_uniforms + 3) * batch])
-        return cls(table.view(batch, pages), ints.view(5, batch),
+        table, ints, floats = flat.split([batch * pages, 6 * batch, (num_uniforms + 3) * batch])
+        return cls(table.view(batch, pages), ints.view(6, batch),
                    floats.view(torch.float64).view(num_uniforms + 3, batch), flat)
 
     @classmethod
     def empty(cls, batch: int, pages: int, num_uniforms: int, device="cpu", pin: bool = False) -> "PackedStep":
-        flat = torch.zeros(batch * (pages + 5 + num_uniforms + 3), dtype=torch.long, device=device, pin_memory=pin)
+        flat = torch.zeros(batch * (pages + 6 + num_uniforms + 3), dtype=torch.long, device=device, pin_memory=pin)
         packed = cls.of_flat(flat, batch, pages, num_uniforms)
         packed.floats[num_uniforms:num_uniforms + 2] = 1.0
         return packed
@@ -155,7 +159,8 @@ class PackedStep:
         B, P = self.page_table.shape
         return PackedStep.of_flat(self.flat.to(device, non_blocking=non_blocking), B, P, self.num_uniforms)
 
-    def fill(self, seqs, uniforms: torch.Tensor, previous_rows: list[int] | None = None) -> "PackedStep":
+    def fill(self, seqs, uniforms: torch.Tensor, previous_rows: list[int] | None = None,
+             width_caps: list[int] | None = None) -> "PackedStep":
         """Rows 0…B−1 from the sequences (host tensors); the rest stay padding."""
         B = len(seqs)
         params = [s.params for s in seqs]
@@ -167,6 +172,8 @@ class PackedStep:
                                           [p.top_k for p in params], [int(p.greedy) for p in params]])
         if previous_rows is not None:
             self.ints[4, :B] = torch.tensor(previous_rows) + 1
+        if width_caps is not None:
+            self.ints[5, :B] = torch.tensor(width_caps)
         n = self.num_uniforms
         self.floats[:n, :B] = uniforms.to(torch.float64).t()
         self.floats[n:, :B] = torch.tensor([[1.0 if p.greedy else p.temperature for p in params],
@@ -175,12 +182,12 @@ class PackedStep:
         return self
 
 
-def pack_decode(seqs, uniforms: torch.Tensor, device) -> PackedStep:
+def pack_decode(seqs, uniforms: torch.Tensor, device, width_caps: list[int] | None = None) -> PackedStep:
     """The host side of a decode step: `uniforms [B, n]` and each row's state and settings, in
     one host→device copy (not through pinned memory: pinning costs more than these few
     hundred bytes take to copy, and the step syncs once anyway)."""
     P = max(len(s.page_table.pages) for s in seqs) or 1
-    return PackedStep.empty(len(seqs), P, uniforms.shape[1]).fill(seqs, uniforms).to(device)
+    return PackedStep.empty(len(seqs), P, uniforms.shape[1]).fill(seqs, uniforms, None, width_caps).to(device)
 
 
 def unpack_decode(packed: PackedStep, page_size: int, seqs=(), all_greedy: bool = False,
@@ -201,12 +208,15 @@ def unpack_decode(packed: PackedStep, page_size: int, seqs=(), all_greedy: bool 
         prefix = torch.where(known, from_previous[0], prefix)
         root = torch.where(known, from_previous[1], root)
     return StepInputs(packed.page_table, prefix, torch.ones_like(prefix), root[:, None], sampling,
-                      floats[:n].t().contiguous(), page_size, list(seqs), all_greedy, packed)
+                      floats[:n].t().contiguous(), page_size, list(seqs), all_greedy, packed, width_caps=ints[5])
 
 
-def decode_inputs(seqs, uniforms: torch.Tensor, page_size: int, device) -> StepInputs:
-    """A decode/verify step: the roots at position num_cached of each row."""
-    return unpack_decode(pack_decode(seqs, uniforms, device), page_size, seqs, all(s.params.greedy for s in seqs))
+def decode_inputs(seqs, uniforms: torch.Tensor, page_size: int, device,
+                  width_caps: list[int] | None = None) -> StepInputs:
+    """A decode/verify step: the roots at position num_cached of each row; `width_caps` as
+    `PackedStep`'s (the adaptive policy's seeded rows)."""
+    return unpack_decode(pack_decode(seqs, uniforms, device, width_caps), page_size, seqs,
+                         all(s.params.greedy for s in seqs))
 
 
 def prefill_inputs(seqs, chunk_lens: list[int], uniforms: torch.Tensor, page_size: int, device) -> StepInputs:

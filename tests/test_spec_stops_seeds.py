@@ -74,25 +74,28 @@ def test_stop_string_inside_accepted_block(qwen3_dir, setup):
 
 
 @pytest.mark.parametrize("spec, policy", [("none", "static"), ("dflash", "static"), ("ngram", "static"),
-                                          ("dflash", "adaptive"), ("ngram", "adaptive")])
+                                          ("dflash", "adaptive"), ("ngram", "adaptive"), ("ddtree", "adaptive")])
 def test_seeded_request_same_alone_and_in_batch(qwen3_dir, tmp_path, spec, policy):
-    # Adaptive runs the full width in steps that hold a seeded sampled request (docs/adaptive.md).
+    # Adaptive: a seeded sampled row's width comes from its own history only (engine/seeded_widths.py),
+    # a cap inside whatever width the other rows' policy (here cycling every step) chose.
     kwargs = {}
-    if spec == "dflash":
-        kwargs = dict(spec="dflash", draft_model=str(write_dflash_drafter(tmp_path / "d", qwen3_dir, block_size=6)),
-                      spec_policy=policy)
+    if spec in ("dflash", "ddtree"):   # ddtree: sampled trees (spec_verify auto = rejection)
+        kwargs = dict(spec=spec, draft_model=str(write_dflash_drafter(tmp_path / "d", qwen3_dir, block_size=6)),
+                      spec_policy=policy, **({"budget": 7} if spec == "ddtree" else {}))
     elif spec == "ngram":
         kwargs = dict(spec="ngram", block_size=4, spec_policy=policy)
     llm = LLM(model=qwen3_dir, **kwargs)
     if policy == "adaptive":      # a policy that changes width every step, whatever the timings
         widths = iter(__import__("itertools").cycle(llm.engine.policy.widths))
-        llm.engine.policy._choose = lambda seqs: next(widths)
+        llm.engine.policy._choose = lambda B, seqs: next(widths)
     prompts = prompts_for(512, [9, 4, 20, 13], seed=2)
     seeded = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=1234, ignore_eos=True)
     alone = llm.generate(prompts[0], seeded)[0].token_ids
     others = [SamplingParams(temperature=1.0, max_tokens=n, ignore_eos=True) for n in (5, 30, 17)]
     batch = llm.generate(prompts, [seeded] + others)
     assert batch[0].token_ids == alone
+    if policy == "adaptive":     # the seeded row did adapt: it ran more than one width
+        assert len(batch[0].metrics.configurations) > 1, batch[0].metrics.configurations
     again = llm.generate([prompts[2], prompts[0]], [others[1], seeded])
     assert again[1].token_ids == alone
     different_seed = llm.generate(prompts[0], SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24,

@@ -285,20 +285,21 @@ class Engine:
         # The graphs carry no processor or logprob state (StepInputs.needs_eager).
         graphable = not processors and num_logprobs is None
         width = self.policy.choose(seqs) if self.policy else 1
+        caps = self.policy.step_caps if self.policy else None     # seeded rows' own widths
         started = time.perf_counter()
         graphed = self.graphed.at(width) if self.graphed is not None else None
         if self.overlap and graphable and self.graphed.can_run(len(seqs)):
-            launched = launch_decode(graphed, seqs, uniforms, self.in_flight)
+            launched = launch_decode(graphed, seqs, uniforms, self.in_flight, caps)
             launched.width, launched.started = width, started
             outputs = self._finish_in_flight() if self.in_flight is not None else []
             self.in_flight = launched
             return outputs
-        inputs = decode_inputs(seqs, uniforms, self.cache.page_size, self.device)
+        inputs = decode_inputs(seqs, uniforms, self.cache.page_size, self.device, caps)
         inputs.processors, inputs.num_logprobs = processors, num_logprobs
         step = self.spec_step.run(self.runner, inputs, graphed, width if self.policy else None)
         if self.policy:
-            self.policy.observe(seqs, width, started, step)
-        return self._commit_step(seqs, step, width)
+            self.policy.observe(seqs, width, started, step, caps=caps)
+        return self._commit_step(seqs, step, width, caps)
 
     def _finish_in_flight(self) -> list[StepOutput]:
         """Read and commit the step in flight. Rows whose request finished or was aborted
@@ -306,20 +307,24 @@ class Engine:
         flight, self.in_flight = self.in_flight, None
         step = flight.result()
         if self.policy:
-            self.policy.observe(flight.seqs, flight.width, flight.started, step)
+            self.policy.observe(flight.seqs, flight.width, flight.started, step, caps=flight.width_caps)
         live = [i for i, s in enumerate(flight.seqs)
                 if (state := self._requests.get(s.request_id)) is not None and state.seq is s]
-        return self._commit_step([flight.seqs[i] for i in live], step.rows(live), flight.width)
+        caps = None if flight.width_caps is None else [flight.width_caps[i] for i in live]
+        return self._commit_step([flight.seqs[i] for i in live], step.rows(live), flight.width, caps)
 
-    def _commit_step(self, seqs: list[Sequence], step: StepResult, width: int) -> list[StepOutput]:
+    def _commit_step(self, seqs: list[Sequence], step: StepResult, width: int,
+                     caps: list[int] | None = None) -> list[StepOutput]:
         outputs = []
         logprobs = step.logprobs or [None] * len(seqs)
-        for s, committed, accepted, drafted, lps in zip(seqs, step.committed, step.accepted, step.drafted, logprobs):
+        caps = caps or [0] * len(seqs)
+        for s, committed, accepted, drafted, lps, cap in zip(seqs, step.committed, step.accepted, step.drafted,
+                                                             logprobs, caps):
             self.scheduler.commit_decode(s, accepted + 1)   # the root and the accepted drafts are cached
             out = self._commit(self._requests[s.request_id], committed, lps)
             if self.proposer:
                 # Committed = what was kept: a stop or max_tokens may cut the block short.
-                s.metrics.record_step(drafted, accepted, len(out.new_token_ids), self.policy.name(width))
+                s.metrics.record_step(drafted, accepted, len(out.new_token_ids), self.policy.name(cap or width))
                 out.metrics = s.metrics.snapshot()
             outputs.append(out)
         return outputs

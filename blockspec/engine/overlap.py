@@ -36,6 +36,7 @@ class InFlightStep:
     ready: "torch.cuda.Event | None"
     replay: int
     width: int = 1           # the verify width it was launched at (engine/spec_policy.py)
+    width_caps: list[int] | None = None   # its rows' narrower widths (0 = `width`)
     started: float = 0.0     # perf_counter at its launch
 
     def result(self) -> StepResult:
@@ -45,7 +46,8 @@ class InFlightStep:
         return StepResult.from_rows(self.host.tolist())
 
 
-def launch_decode(graphed, seqs, uniforms: torch.Tensor, previous: InFlightStep | None) -> InFlightStep:
+def launch_decode(graphed, seqs, uniforms: torch.Tensor, previous: InFlightStep | None,
+                  width_caps: list[int] | None = None) -> InFlightStep:
     """Launch one graphed decode step over `seqs` without waiting for anything. With a step
     `previous` still in flight, every row must have been in it; its prefix and root come from
     that step's carry on the device (the host's copy of them is one step behind)."""
@@ -57,11 +59,11 @@ def launch_decode(graphed, seqs, uniforms: torch.Tensor, previous: InFlightStep 
         if any(id(s) not in where for s in seqs):
             raise ValueError("an overlapped step may only drop rows of the step in flight, never add one")
         rows = [where[id(s)] for s in seqs]
-    result = graphed.launch(seqs, uniforms, rows)
+    result = graphed.launch(seqs, uniforms, rows, width_caps)
     if graphed.device.type != "cuda":
-        return InFlightStep(list(seqs), result.clone(), None, graphed.replays)
+        return InFlightStep(list(seqs), result.clone(), None, graphed.replays, width_caps=width_caps)
     host = torch.empty(result.shape, dtype=result.dtype, pin_memory=True)
     host.copy_(result, non_blocking=True)
     ready = torch.cuda.Event()
     ready.record()
-    return InFlightStep(list(seqs), host, ready, graphed.replays)
+    return InFlightStep(list(seqs), host, ready, graphed.replays, width_caps=width_caps)

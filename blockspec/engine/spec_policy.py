@@ -19,10 +19,11 @@ Lossless: the width is chosen before the step from past steps only (timings and 
 of steps already committed); this step's target output is never read to pick it, and every
 verifier is exact for any tree it is given (`SpeculativeStep.draft`). A seeded sampled request
 draws the same uniforms per step whatever the width, but which tokens those uniforms produce
-depends on the width, which depends on the batch and on timings: its *distribution* would stay
-exact but its stream would not repeat. So a step that holds a seeded sampled request runs the
-full width, as a static engine would: a seed then reproduces its stream (alone or batched, as
-OpenAI's `seed` promises), at the cost of not adapting while it runs (docs/adaptive.md).
+depends on the width, so a width chosen from the batch and from timings would keep its
+*distribution* exact but not repeat its stream. A seeded sampled row therefore gets its own
+width from its own history alone (`engine/seeded_widths.py`), as a cap inside the batch's verify
+(`step_caps`): the step runs the widest of those and the policy's choice for the other rows, and
+a seed reproduces its stream alone or batched, as OpenAI's `seed` promises (docs/adaptive.md).
 
 Exploration: a bucket's first steps time every candidate width (lazily, each `min_samples`
 times after the warm-up, widest first). Then every `probe_interval` steps (doubling, up to
@@ -40,6 +41,7 @@ from collections import Counter
 
 from blockspec.engine.acceptance import AcceptanceModel, temperature_class
 from blockspec.engine.config import SPEC_POLICIES
+from blockspec.engine.seeded_widths import SeededWidths
 from blockspec.engine.step_cost import StepCostModel
 
 log = logging.getLogger("blockspec.spec_policy")
@@ -89,6 +91,10 @@ class SpecPolicy:
         self.widths = candidate_widths(full_width) if mode == "adaptive" else [full_width]
         self.cost = StepCostModel(buckets, sorted(set(self.widths) | {1}), discard=1, min_samples=2)
         self.acceptance = AcceptanceModel(self.widths)
+        self.seeded = SeededWidths(self.widths)
+        # The last `choose`'s per-row caps (seeded sampled rows narrower than the step; 0 = the
+        # step's width), None when no row is capped: the engine packs them into the step.
+        self.step_caps: list[int] | None = None
         self.min_probe, self.max_probe = probe_interval, max_probe_interval
         self.probe_interval, self._since_probe, self._before_probe = probe_interval, 0, None
         self._probes = 0                           # probes run: which candidate the next one times
@@ -100,16 +106,24 @@ class SpecPolicy:
         return config_name(width, self.builds_trees)
 
     def choose(self, seqs) -> int:
-        """This step's width, from the past only."""
-        if self.mode == "static" or any(s.params.seed is not None and not s.params.greedy for s in seqs):
+        """This step's width, from the past only; seeded sampled rows' own widths in `step_caps`."""
+        self.step_caps = None
+        if self.mode == "static":
             return self.full_width
         start = time.perf_counter()
-        width = self._choose(seqs)
+        own = [self.seeded.next_width(s.request_id) if s.params.seed is not None and not s.params.greedy else None
+               for s in seqs]
+        free = [s for s, w in zip(seqs, own) if w is None]
+        width = self._choose(len(seqs), free) if free else 1
+        if len(free) < len(seqs):
+            width = max(width, *(w for w in own if w is not None))
+            caps = [0 if w is None or w == width else w for w in own]
+            self.step_caps = caps if any(caps) else None
         self.host_seconds += time.perf_counter() - start
         return width
 
-    def _choose(self, seqs) -> int:
-        B = len(seqs)
+    def _choose(self, B: int, seqs) -> int:
+        """The width for `seqs` (the rows free to take any) in a step of `B` rows."""
         todo = self.cost.unmeasured(B)
         if todo:
             return todo[-1]                       # time the bucket's widths, widest first
@@ -129,10 +143,12 @@ class SpecPolicy:
                 return others[(self._probes - 1) % len(others)]
         return width
 
-    def observe(self, seqs, width: int, started: float, step, now: float | None = None) -> None:
-        """Learn from a step run at `width` that started at `started` (perf_counter) and was
-        read at `now` (default: now); `step` is its `StepResult` (rows in `seqs` order). A
-        step launched while the one before it was still running is timed from that one's end."""
+    def observe(self, seqs, width: int, started: float, step, now: float | None = None,
+                caps: list[int] | None = None) -> None:
+        """Learn from a step run at `width` (rows capped by `caps`, the `step_caps` it ran with)
+        that started at `started` (perf_counter) and was read at `now` (default: now); `step`
+        is its `StepResult` (rows in `seqs` order). A step launched while the one before it was
+        still running is timed from that one's end."""
         now = time.perf_counter() if now is None else now
         begin = started if self._last_done is None else max(started, self._last_done)
         self._last_done = now
@@ -140,9 +156,13 @@ class SpecPolicy:
         if self.mode == "static":
             return
         self.cost.observe(len(seqs), width, now - begin)
-        if width > 1 and step.path_nodes is not None:
-            for s, nodes in zip(seqs, step.path_nodes):
-                self.acceptance.observe(s.request_id, temperature_class(s.params), nodes, width)
+        for i, s in enumerate(seqs):
+            ran = caps[i] if caps and caps[i] else width
+            nodes = step.path_nodes[i] if step.path_nodes is not None else []
+            if s.params.seed is not None and not s.params.greedy:
+                self.seeded.observe(s.request_id, nodes, ran)
+            if ran > 1 and step.path_nodes is not None:
+                self.acceptance.observe(s.request_id, temperature_class(s.params), nodes, ran)
         bucket = self.cost.bucket_for(len(seqs))
         if bucket not in self.cost.logged and all(t is not None for t in self.cost.table(len(seqs)).values()):
             self.cost.logged.add(bucket)
@@ -151,3 +171,4 @@ class SpecPolicy:
 
     def forget(self, request_id: str) -> None:
         self.acceptance.forget(request_id)
+        self.seeded.forget(request_id)

@@ -115,6 +115,15 @@ class SpeculativeStep:
         return 3 * self.max_depth + 1 if self.rejection else self.max_depth + 1
 
     @property
+    def plain_uniform(self) -> int:
+        """The uniform a row with no drafts draws its token with: where its bonus is in the
+        layout (`uniforms_per_row`) — the residual at position 0 of a rejection chain, the
+        bonus of a sampled tree, depth 0's of a target-only walk."""
+        if self.sampled_trees:
+            return 2 * self.proposer.max_nodes
+        return 2 * self.max_depth if self.rejection else 0
+
+    @property
     def drafts_on_device(self) -> bool:
         """True when drafting is device work too (no proposer, DFlash chains): the whole step,
         draft included, is then one capturable function (`device_step`)."""
@@ -140,6 +149,11 @@ class SpeculativeStep:
             return _roots_only(inputs), None
         tree, draft_probs = self.proposer.propose(inputs.seqs, inputs)
         tree = tree.to(inputs.device)
+        if row_widths is None and inputs.width_caps is not None and not inputs.all_greedy:
+            # Seeded sampled rows' own widths (engine/spec_policy.py); only sampled steps carry
+            # them, so all-greedy steps (their own graphs) pay nothing for the cut.
+            full = min(width or tree.width, tree.width)
+            row_widths = torch.where(inputs.width_caps > 0, inputs.width_caps.clamp(max=full), full)
         if (width is not None and width < tree.width) or row_widths is not None:
             tree = truncate_tree(tree, min(width or tree.width, tree.width), row_widths)
         return tree, draft_probs
@@ -213,8 +227,10 @@ class SpeculativeStep:
         """Target-only tree walk, rejection sampling of a chain sampled from q, or recursive
         rejection sampling of a tree sampled from q with greedy rows walked (docs/verification.md)."""
         if tree.width == 1:
-            # Plain decoding (the adaptive policy's width 1): no drafts, one draw from p.
-            return verify_tree(probs, tree.tokens, tree.parents, uniforms)
+            # Plain decoding (the adaptive policy's width 1): no drafts, one draw from p, with the
+            # uniform a row without drafts uses inside a wider verify (`plain_uniform`), so a row's
+            # token does not depend on whether its batch speculated.
+            return verify_tree(probs, tree.tokens, tree.parents, uniforms[:, self.plain_uniform:])
         if self.sampled_trees:
             if draft_probs is None:
                 # Sampled rows' children came from q: without it they cannot be verified, and

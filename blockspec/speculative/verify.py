@@ -318,11 +318,17 @@ def verify_mixed_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tre
 
     target_probs [B, N+1, V], draft_probs [B, L, V], uniforms [B, 2N + 1] laid out
     [draw N | accept N | bonus 1] (the draws were the proposer's). Both rules run on every
-    row (fixed shapes); each row keeps its own rule's result.
+    row (fixed shapes); each row keeps its own rule's result. `layout_nodes` (default the
+    tree's N) is the N of the uniforms' layout: a tree cut to fewer nodes (adaptive widths)
+    reads its accept and bonus uniforms where the full tree's are, so which uniform a node uses
+    never depends on the width chosen.
     """
     num_nodes = tree.width - 1
+    n = num_nodes if layout_nodes is None else layout_nodes
+    if n < num_nodes:
+        raise ValueError(f"layout_nodes {n} must be at least the tree's {num_nodes} nodes")
     sampled = verify_sampled_tree(target_probs, draft_probs, tree.tokens, tree.parents,
-                                  uniforms[:, num_nodes:2 * num_nodes], uniforms[:, 2 * num_nodes], max_depth)
+                                  uniforms[:, n:n + num_nodes], uniforms[:, 2 * n], max_depth)
     # A greedy row's p is the one-hot of its argmax, so the walk needs no probabilities.
     walked = verify_tree_greedy(target_probs.argmax(-1), tree.tokens, tree.parents, max_depth)
     greedy_rows = greedy_rows.to(target_probs.device)

@@ -133,7 +133,14 @@ def run_compare(config, concurrencies: list[int], static_widths: list[int] | Non
         records += [{"configuration": name, **median_record(rounds[name])} for name in names]
     return {**config.spec_fields(), "dataset": config.datasets[0], "temperature": config.temperatures[0],
             "num_prompts": {c: max(config.num_prompts, 2 * c) for c in concurrencies}, "concurrencies": concurrencies, "repeats": repeats, "records": records, "summary": summarise(records),
-            "policy_host_seconds": engine.policy.host_seconds}
+            "policy_host_seconds": engine.policy.host_seconds, "cost_tables": cost_tables(engine.policy)}
+
+
+def cost_tables(policy) -> dict:
+    """The adaptive policy's measured step cost per batch bucket it ran: width → ms (None:
+    not timed), to set beside the static configurations' tok/s."""
+    return {str(b): {str(w): None if t is None else round(t * 1e3, 4) for w, t in policy.cost.table(b).items()}
+            for b in policy.cost.buckets if any(t is not None for t in policy.cost.table(b).values())}
 
 
 def plot_compare(doc: dict, path: Path) -> None:

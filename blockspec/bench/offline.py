@@ -26,6 +26,7 @@ class OfflineBenchConfig(SpecEngineArgs):
     batch_size: int = 1
     max_tokens: int | None = None  # None: a prompt's own output length, else DEFAULT_MAX_TOKENS
     seed: int = 0
+    request_seeds: bool = True    # request i carries seed + i (reproducible sampled runs)
     ignore_eos: bool = False
     random_input_len: int = 128
     random_output_len: int = 128
@@ -71,7 +72,8 @@ def prompt_token_ids(prompt: BenchPrompt, tokenizer, limit: int) -> list[int]:
 
 def _params(config: OfflineBenchConfig, prompts: list[BenchPrompt], temperature: float, first: int):
     from blockspec.sampling import SamplingParams
-    return [SamplingParams(temperature=temperature, max_tokens=_max_tokens(config, p), seed=config.seed + first + i,
+    return [SamplingParams(temperature=temperature, max_tokens=_max_tokens(config, p),
+                           seed=config.seed + first + i if config.request_seeds else None,
                            ignore_eos=config.ignore_eos)
             for i, p in enumerate(prompts)]
 

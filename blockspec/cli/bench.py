@@ -110,6 +110,8 @@ def _add_offline(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (1 = latency)")
     p.add_argument("--max-tokens", type=int, default=None, help="default: the dataset's length, else 128")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--unseeded", action="store_true",
+                   help="send requests without a per-request seed (default: request i gets --seed + i)")
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--output", default=None, help="JSON results file")
     p.add_argument("--no-progress", action="store_true")
@@ -274,7 +276,7 @@ def cmd_bench_offline(args: argparse.Namespace) -> int:
         **OfflineBenchConfig.engine_kwargs(engine_settings_from_args(args)), datasets=_datasets(args.dataset),
         num_prompts=args.num_prompts, temperatures=_temperatures(args.temperature, "--temperature"),
         batch_size=args.batch_size, max_tokens=args.max_tokens, seed=args.seed, ignore_eos=args.ignore_eos,
-        random_input_len=args.random_input_len, random_output_len=args.random_output_len,
+        request_seeds=not args.unseeded, random_input_len=args.random_input_len, random_output_len=args.random_output_len,
         progress=not args.no_progress)
     stamp = {"command": shlex.join(sys.argv), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if args.compare_static:

@@ -307,7 +307,8 @@ class Engine:
         flight, self.in_flight = self.in_flight, None
         step = flight.result()
         if self.policy:
-            self.policy.observe(flight.seqs, flight.width, flight.started, step, caps=flight.width_caps)
+            self.policy.observe(flight.seqs, flight.width, flight.started, step, caps=flight.width_caps,
+                                gpu_seconds=flight.gpu_seconds(), waited=flight.waited)
         live = [i for i, s in enumerate(flight.seqs)
                 if (state := self._requests.get(s.request_id)) is not None and state.seq is s]
         caps = None if flight.width_caps is None else [flight.width_caps[i] for i in live]

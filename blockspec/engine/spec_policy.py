@@ -26,11 +26,19 @@ width from its own history alone (`engine/seeded_widths.py`), as a cap inside th
 a seed reproduces its stream alone or batched, as OpenAI's `seed` promises (docs/adaptive.md).
 
 Exploration: a bucket's first steps time every candidate width (lazily, each `min_samples`
-times after the warm-up, widest first). Then every `probe_interval` steps (doubling, up to
-`max_probe_interval` = 16, while probes change nothing) one step runs another candidate, the full
-width first and then each in turn from the widest: it re-times widths the choice no longer runs
-(one unlucky timing must not lock a width out) and, at the full width, observes every draft
-position (a plain step observes none), so a request whose drafts turn good again is noticed.
+times after the warm-up, widest first). Then two kinds of probe, both cheap:
+- acceptance: while the choice is narrower than the full width, every `probe_interval` steps
+  (doubling, up to `max_probe_interval`, while probes change nothing) one step runs the full
+  width, which observes every draft position (a plain step observes none), so a request whose
+  drafts turn good again is noticed; at the full width every step observes everything;
+- cost: every `retime_interval` steps one step runs another candidate in turn, so one unlucky
+  timing cannot lock a width out. Rare, because overlapped steps are timed from the GPU's own
+  events (`observe`), not from host clocks that a pipeline blurs.
+
+Timing: a synchronous step costs its wall time. An overlapped step (launched before the one
+before it is read) costs max(the host's own time per step, the step's GPU time): the pipeline
+runs at the slower of the two. Wall time between reads would charge a step for whatever its
+neighbours did (bench/results/gpu_session_e: plain timed slower than a 16-wide chain).
 """
 
 from __future__ import annotations
@@ -84,7 +92,7 @@ class SpecPolicy:
     """Chooses each decode step's width and learns from the steps run (one per engine)."""
 
     def __init__(self, mode: str, full_width: int, builds_trees: bool, buckets: list[int],
-                 probe_interval: int = 8, max_probe_interval: int = 16):
+                 probe_interval: int = 8, max_probe_interval: int = 16, retime_interval: int = 64):
         if mode not in SPEC_POLICIES:
             raise ValueError(f"spec_policy must be one of {', '.join(SPEC_POLICIES)}, got {mode!r}")
         self.mode, self.full_width, self.builds_trees = mode, full_width, builds_trees
@@ -97,7 +105,8 @@ class SpecPolicy:
         self.step_caps: list[int] | None = None
         self.min_probe, self.max_probe = probe_interval, max_probe_interval
         self.probe_interval, self._since_probe, self._before_probe = probe_interval, 0, None
-        self._probes = 0                           # probes run: which candidate the next one times
+        self._probes = 0                           # cost probes run: which candidate the next one times
+        self.retime_interval, self._steps = retime_interval, 0
         self.choices: Counter = Counter()         # config name → steps (logged with the cost table)
         self.host_seconds = 0.0                   # the policy's own time (choose + observe)
         self._last_done: float | None = None
@@ -134,28 +143,38 @@ class SpecPolicy:
         if self._before_probe is not None:        # the step after a probe: did it change anything?
             changed, self._before_probe = width != self._before_probe, None
             self.probe_interval = self.min_probe if changed else min(2 * self.probe_interval, self.max_probe)
-        self._since_probe += 1
-        if self._since_probe >= self.probe_interval:
+        self._steps += 1
+        if self._steps % self.retime_interval == 0:
             others = [w for w in sorted(self.widths, reverse=True) if w != width]
             if others:
-                self._since_probe, self._before_probe = 0, width
                 self._probes += 1
                 return others[(self._probes - 1) % len(others)]
+        if width < self.full_width:
+            self._since_probe += 1
+            if self._since_probe >= self.probe_interval:
+                self._since_probe, self._before_probe = 0, width
+                return self.full_width
         return width
 
     def observe(self, seqs, width: int, started: float, step, now: float | None = None,
-                caps: list[int] | None = None) -> None:
+                caps: list[int] | None = None, gpu_seconds: float | None = None,
+                waited: float = 0.0) -> None:
         """Learn from a step run at `width` (rows capped by `caps`, the `step_caps` it ran with)
         that started at `started` (perf_counter) and was read at `now` (default: now); `step`
         is its `StepResult` (rows in `seqs` order). A step launched while the one before it was
-        still running is timed from that one's end."""
+        still running is timed from that one's end; given its `gpu_seconds` (CUDA events around
+        its replay) and the host's `waited` seconds blocked on reading it, it costs
+        max(host time, GPU time) — see the module docstring."""
         now = time.perf_counter() if now is None else now
         begin = started if self._last_done is None else max(started, self._last_done)
         self._last_done = now
+        seconds = now - begin
+        if gpu_seconds is not None:
+            seconds = max(seconds - waited, gpu_seconds)
         self.choices[self.name(width)] += 1
         if self.mode == "static":
             return
-        self.cost.observe(len(seqs), width, now - begin)
+        self.cost.observe(len(seqs), width, seconds)
         for i, s in enumerate(seqs):
             ran = caps[i] if caps and caps[i] else width
             nodes = step.path_nodes[i] if step.path_nodes is not None else []

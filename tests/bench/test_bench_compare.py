@@ -44,7 +44,18 @@ def test_compare_static_cli_writes_json_and_plot(qwen3_dir, tmp_path, capsys):
     assert doc["num_prompts"] == {"1": 2, "2": 4}                # max(--num-prompts, 2 × concurrency)
     assert [s["concurrency"] for s in doc["summary"]] == [1, 2]
     assert out.with_suffix(".png").stat().st_size > 0
+    # The adaptive policy's timed widths per bucket it ran (ms), beside the statics' tok/s.
+    assert set(doc["cost_tables"]) <= {"1", "2"} and all(t["1"] > 0 for t in doc["cost_tables"].values())
     assert "÷ best" in capsys.readouterr().out
+
+
+def test_offline_requests_are_seeded_unless_told_not_to():
+    from blockspec.bench.datasets import BenchPrompt
+    from blockspec.bench.offline import OfflineBenchConfig, _params
+    prompts = [BenchPrompt(text="a", chat=False, output_len=4)] * 2
+    seeded = _params(OfflineBenchConfig(model="m", seed=5), prompts, 1.0, 0)
+    unseeded = _params(OfflineBenchConfig(model="m", request_seeds=False), prompts, 1.0, 0)
+    assert [p.seed for p in seeded] == [5, 6] and [p.seed for p in unseeded] == [None, None]
 
 
 @pytest.mark.parametrize("argv, field", [(["--concurrency", "0"], "--concurrency"),

@@ -114,6 +114,29 @@ def test_policy_learns_plain_for_an_adversary_and_the_full_block_for_an_oracle()
     assert set(adversary[tail]) == {1, 2, 4, 8}                       # every width re-timed now and then
 
 
+def test_probes_are_the_full_width_below_it_and_rare_cost_retimes_at_it():
+    """Below the full width, acceptance probes run the full width (it observes every draft
+    position); at the full width only the rare cost re-timing runs another width."""
+    adversary = _run_policy(lambda w: 0, lambda w: 0.01 * (1 + 0.1 * w), steps=400)
+    oracle = _run_policy(lambda w: w - 1, lambda w: 0.01 * (1 + 0.1 * w), steps=400)
+    tail = slice(60, None)
+    assert set(adversary[tail]) - {1, 8} and adversary[tail].count(8) >= 340 // 16   # full-width probes
+    assert len(adversary[tail]) - adversary[tail].count(1) - adversary[tail].count(8) <= 340 // 64 + 1
+    assert len(oracle[tail]) - oracle[tail].count(8) <= 340 // 64 + 1
+
+
+def test_overlapped_steps_cost_the_slower_of_host_and_gpu():
+    policy = SpecPolicy("adaptive", 4, False, [1])
+    seqs = [SimpleNamespace(request_id="r", params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
+    step = StepResult([[0]], [0], [0], [[]])
+    samples = {1: [], 4: []}
+    for w, interval, waited, gpu in [(1, 1.0, 0.2, 0.3)] * 4 + [(4, 1.0, 0.1, 2.0)] * 4:
+        policy.observe(seqs, w, 0.0, step, now=interval, gpu_seconds=gpu, waited=waited)
+        policy._last_done = None
+    # plain: host 0.8 s beats its GPU's 0.3; width 4: its GPU's 2.0 s (the pipeline's bottleneck)
+    assert policy.cost.estimate(1, 1) == pytest.approx(0.8) and policy.cost.estimate(1, 4) == pytest.approx(2.0)
+
+
 def test_static_policy_always_runs_the_full_width():
     policy = SpecPolicy("static", 8, True, [1, 2])
     assert policy.widths == [8] and policy.choose([object()]) == 8

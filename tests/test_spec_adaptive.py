@@ -48,7 +48,7 @@ def test_policy_picks_plain_for_an_adversary_and_the_full_block_for_an_oracle(qw
     (a shared CPU's timings are too noisy for a test; the policy's timing is unit-tested)."""
     real_observe = SpecPolicy.observe
 
-    def observe(self, seqs, width, started, step, now=None, caps=None):
+    def observe(self, seqs, width, started, step, now=None, caps=None, **timings):
         real_observe(self, seqs, width, started, step, now=started + 0.01 * (1 + 0.1 * width), caps=caps)
         self._last_done = None                 # synthetic times: each step from its own start
     monkeypatch.setattr(SpecPolicy, "observe", observe)

@@ -297,22 +297,28 @@ class Engine:
         inputs = decode_inputs(seqs, uniforms, self.cache.page_size, self.device, caps)
         inputs.processors, inputs.num_logprobs = processors, num_logprobs
         step = self.spec_step.run(self.runner, inputs, graphed, width if self.policy else None)
-        if self.policy:
-            self.policy.observe(seqs, width, started, step, caps=caps)
-        return self._commit_step(seqs, step, width, caps)
+        read = time.perf_counter()
+        outputs = self._commit_step(seqs, step, width, caps)
+        if self.policy:     # after the commit, whose host time is part of the step's cost
+            self.policy.observe(seqs, width, started, step, now=read, caps=caps,
+                                commit_seconds=time.perf_counter() - read)
+        return outputs
 
     def _finish_in_flight(self) -> list[StepOutput]:
         """Read and commit the step in flight. Rows whose request finished or was aborted
         meanwhile are dropped (that request's output is complete)."""
         flight, self.in_flight = self.in_flight, None
         step = flight.result()
-        if self.policy:
-            self.policy.observe(flight.seqs, flight.width, flight.started, step, caps=flight.width_caps,
-                                gpu_seconds=flight.gpu_seconds(), waited=flight.waited)
+        read = time.perf_counter()
         live = [i for i, s in enumerate(flight.seqs)
                 if (state := self._requests.get(s.request_id)) is not None and state.seq is s]
         caps = None if flight.width_caps is None else [flight.width_caps[i] for i in live]
-        return self._commit_step([flight.seqs[i] for i in live], step.rows(live), flight.width, caps)
+        outputs = self._commit_step([flight.seqs[i] for i in live], step.rows(live), flight.width, caps)
+        if self.policy:     # after the commit, whose host time is part of the step's cost
+            self.policy.observe(flight.seqs, flight.width, flight.started, step, now=read, caps=flight.width_caps,
+                                gpu_seconds=flight.gpu_seconds(), waited=flight.waited,
+                                commit_seconds=time.perf_counter() - read)
+        return outputs
 
     def _commit_step(self, seqs: list[Sequence], step: StepResult, width: int,
                      caps: list[int] | None = None) -> list[StepOutput]:

@@ -50,6 +50,7 @@ from collections import Counter
 from blockspec.engine.acceptance import AcceptanceModel, temperature_class
 from blockspec.engine.config import SPEC_POLICIES
 from blockspec.engine.seeded_widths import SeededWidths
+from blockspec.engine.sequence import Status
 from blockspec.engine.step_cost import StepCostModel
 
 log = logging.getLogger("blockspec.spec_policy")
@@ -110,6 +111,7 @@ class SpecPolicy:
         self.choices: Counter = Counter()         # config name → steps (logged with the cost table)
         self.host_seconds = 0.0                   # the policy's own time (choose + observe)
         self._last_done: float | None = None
+        self._last_commit = 0.0                   # the last observed step's commit seconds
 
     def name(self, width: int) -> str:
         return config_name(width, self.builds_trees)
@@ -158,24 +160,36 @@ class SpecPolicy:
 
     def observe(self, seqs, width: int, started: float, step, now: float | None = None,
                 caps: list[int] | None = None, gpu_seconds: float | None = None,
-                waited: float = 0.0) -> None:
+                waited: float = 0.0, commit_seconds: float = 0.0) -> None:
         """Learn from a step run at `width` (rows capped by `caps`, the `step_caps` it ran with)
-        that started at `started` (perf_counter) and was read at `now` (default: now); `step`
-        is its `StepResult` (rows in `seqs` order). A step launched while the one before it was
-        still running is timed from that one's end; given its `gpu_seconds` (CUDA events around
-        its replay) and the host's `waited` seconds blocked on reading it, it costs
-        max(host time, GPU time) — see the module docstring."""
+        that started at `started` (perf_counter), was read at `now` (default: now) and whose
+        tokens took the host `commit_seconds` to commit; `step` is its `StepResult` (rows in
+        `seqs` order; rows already finished teach nothing: their request is forgotten).
+
+        Synchronous step: it costs now − started + its commit. Overlapped step (`gpu_seconds`,
+        from CUDA events around its replay): the host's own time in the interval since the
+        step before it was read — minus `waited` (blocked reading this one) and minus that
+        step's commit, which the interval holds, plus this step's own — against its GPU time;
+        it costs the larger (module docstring). Without moving each commit to its own step a
+        plain step read after a wide one was charged the wide one's commit."""
         now = time.perf_counter() if now is None else now
-        begin = started if self._last_done is None else max(started, self._last_done)
+        previous = self._last_done
+        begin = started if previous is None else max(started, previous)
+        # Launched before the step before it was read: the interval holds that step's commit.
+        holds_previous_commit = previous is not None and previous > started
         self._last_done = now
-        seconds = now - begin
+        seconds = now - begin + commit_seconds
         if gpu_seconds is not None:
-            seconds = max(seconds - waited, gpu_seconds)
+            seconds -= waited + (self._last_commit if holds_previous_commit else 0.0)
+            seconds = max(seconds, gpu_seconds)
+        self._last_commit = commit_seconds
         self.choices[self.name(width)] += 1
         if self.mode == "static":
             return
         self.cost.observe(len(seqs), width, seconds)
         for i, s in enumerate(seqs):
+            if getattr(s, "status", None) is Status.FINISHED:
+                continue
             ran = caps[i] if caps and caps[i] else width
             nodes = step.path_nodes[i] if step.path_nodes is not None else []
             if s.params.seed is not None and not s.params.greedy:

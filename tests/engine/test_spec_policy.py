@@ -137,6 +137,22 @@ def test_overlapped_steps_cost_the_slower_of_host_and_gpu():
     assert policy.cost.estimate(1, 1) == pytest.approx(0.8) and policy.cost.estimate(1, 4) == pytest.approx(2.0)
 
 
+def test_each_step_is_charged_its_own_commit():
+    """Overlapped: the interval between reading a wide step and reading the plain step after
+    it holds the wide step's commit (many tokens); that time is the wide step's, not plain's."""
+    policy = SpecPolicy("adaptive", 4, False, [1])
+    seqs = [SimpleNamespace(request_id="r", params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
+    step = StepResult([[0]], [0], [0], [[]])
+    t = 0.0
+    for _ in range(4):          # wide: host 0.2 s + its commit 0.5 s; plain: host 0.2 s + commit 0.05 s
+        for w, commit in ((4, 0.5), (1, 0.05)):
+            interval = 0.2 + (0.5 if w == 1 else 0.05)       # the previous step's commit is in it
+            t += interval
+            policy.observe(seqs, w, t - interval - 0.1, step, now=t, gpu_seconds=0.01, commit_seconds=commit)
+            t += 0.0
+    assert policy.cost.estimate(1, 4) == pytest.approx(0.7) and policy.cost.estimate(1, 1) == pytest.approx(0.25)
+
+
 def test_static_policy_always_runs_the_full_width():
     policy = SpecPolicy("static", 8, True, [1, 2])
     assert policy.widths == [8] and policy.choose([object()]) == 8

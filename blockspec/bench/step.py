@@ -102,7 +102,9 @@ def _random_module(build, cfg, dtype, device, seed: int):
     tied embeddings re-tied, RoPE frequencies rebuilt in float32."""
     with torch.device("meta"):
         module = build()
-    module = module.to_empty(device=device).to(dtype)
+    # Cast on meta first: materialising in float32 and then casting needs twice the memory
+    # (the Kimi slice's 37.5 GB of bf16 weights did not fit an 80 GB H100 that way).
+    module = module.to(dtype).to_empty(device=device)
     if getattr(cfg, "tie_word_embeddings", False):
         module.lm_head.weight = module.model.embed_tokens.weight
     _randomize(module, seed)

@@ -28,7 +28,8 @@ a seed reproduces its stream alone or batched, as OpenAI's `seed` promises (docs
 Exploration: a bucket's first steps time every candidate width (lazily, each `min_samples`
 times after the warm-up, widest first). Then two kinds of probe, both cheap:
 - acceptance: while the choice is narrower than the full width, every `probe_interval` steps
-  (doubling, up to `max_probe_interval`, while probes change nothing) one step runs the full
+  (doubling, up to `max_probe_interval`, while probes change nothing; further apart where a
+  full-width step costs so much more that probes would add over `PROBE_BUDGET`) one step runs the full
   width, which observes every draft position (a plain step observes none), so a request whose
   drafts turn good again is noticed; at the full width every step observes everything;
 - cost: every `retime_interval` steps one step runs another candidate in turn, so one unlucky
@@ -44,6 +45,7 @@ neighbours did (bench/results/gpu_session_e: plain timed slower than a 16-wide c
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 
@@ -55,7 +57,8 @@ from blockspec.engine.step_cost import StepCostModel
 
 log = logging.getLogger("blockspec.spec_policy")
 
-LADDER = (2, 4, 8, 16, 32, 64, 128)   # few widths: each is timed per bucket, and captured on CUDA
+LADDER = (2, 4, 8, 16, 32, 64, 128)
+PROBE_BUDGET = 0.03    # the most of the step time acceptance probes may add   # few widths: each is timed per bucket, and captured on CUDA
 
 
 def candidate_widths(full_width: int) -> list[int]:
@@ -153,7 +156,11 @@ class SpecPolicy:
                 return others[(self._probes - 1) % len(others)]
         if width < self.full_width:
             self._since_probe += 1
-            if self._since_probe >= self.probe_interval:
+            # A probe costs cost(full) − cost(width) more than the step it replaces: space them so
+            # that this stays within PROBE_BUDGET of the steps' time (a 16-wide chain can cost 5
+            # plain steps on a CPU, where probing every 16 steps cost a quarter of the time).
+            spacing = math.ceil((costs[self.full_width] / costs[width] - 1.0) / PROBE_BUDGET)
+            if self._since_probe >= max(self.probe_interval, spacing):
                 self._since_probe, self._before_probe = 0, width
                 return self.full_width
         return width

@@ -15,6 +15,8 @@ is optimistic (every draft accepted), so the first steps speculate and measure.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 
 def ema(old: float | None, new: float, alpha: float) -> float:
     """One exponential-moving-average update; `old` None starts at `new`."""
@@ -25,18 +27,11 @@ def ema(old: float | None, new: float, alpha: float) -> float:
 
 def counterfactual_accepts(path_nodes: list[int], widths: list[int], ran_width: int) -> dict[int, int]:
     """Accepted drafts each width w ≤ `ran_width` would have had, from the accepted path's node
-    indices of a step run at `ran_width` (root excluded, in depth order)."""
+    indices of a step run at `ran_width` (root excluded, in depth order). Node indices grow
+    along a path (a child is numbered after its parent), so that is how many are below w."""
     if any(w < 1 for w in widths):
         raise ValueError(f"widths must be positive, got {widths}")
-    out = {}
-    for w in widths:
-        if w > ran_width:
-            continue
-        n = 0
-        while n < len(path_nodes) and path_nodes[n] < w:
-            n += 1
-        out[w] = n
-    return out
+    return {w: bisect_left(path_nodes, w) for w in widths if w <= ran_width}
 
 
 def temperature_class(params) -> str:
@@ -53,6 +48,8 @@ class AcceptanceModel:
     def __init__(self, widths: list[int], alpha: float = 0.3, batch_alpha: float = 0.05):
         ema(None, 0.0, alpha)
         ema(None, 0.0, batch_alpha)   # validates both
+        if any(w < 1 for w in widths):
+            raise ValueError(f"widths must be positive, got {widths}")
         self.widths = sorted(set(widths))
         self.alpha, self.batch_alpha = alpha, batch_alpha
         self._rows: dict[str, dict[int, float]] = {}
@@ -65,13 +62,43 @@ class AcceptanceModel:
                 return table[width]
         return float(width - 1)           # optimistic prior: measure before giving up
 
+    def expected_totals(self, rows) -> dict[int, float]:
+        """width → Σ over `rows` ((request_id, class) pairs) of 1 + expected accepted drafts:
+        `expected` summed, in one pass (the policy's per-step host time)."""
+        totals = dict.fromkeys(self.widths, float(len(rows)))
+        for request_id, klass in rows:
+            row, batch = self._rows.get(request_id) or {}, self._batch.get(klass) or {}
+            for w in self.widths:
+                totals[w] += row[w] if w in row else batch[w] if w in batch else float(w - 1)
+        return totals
+
     def observe(self, request_id: str, klass: str, path_nodes: list[int], ran_width: int) -> None:
-        seen = counterfactual_accepts(path_nodes, self.widths, ran_width)
-        row = self._rows.setdefault(request_id, dict(self._batch.get(klass, {})))
-        batch = self._batch.setdefault(klass, {})
-        for w, n in seen.items():
-            row[w] = ema(row.get(w), float(n), self.alpha)
-            batch[w] = ema(batch.get(w), float(n), self.batch_alpha)
+        self.observe_step([(request_id, klass, path_nodes, ran_width)])
+
+    def observe_step(self, rows) -> None:
+        """One step's rows, (request_id, class, path_nodes, ran_width) each: every row's EMA
+        moves by α; a class's batch-wide EMA once per step, by 1 − (1 − β)^k towards the mean
+        of its k rows (what k updates of β would do, but for their order)."""
+        widths, alpha = self.widths, self.alpha
+        sums: dict[str, tuple[list, list]] = {}         # class → (Σ accepted, rows) per width
+        for request_id, klass, path_nodes, ran_width in rows:
+            row = self._rows.get(request_id)
+            if row is None:
+                row = self._rows[request_id] = dict(self._batch.get(klass, {}))
+            total, count = sums.get(klass) or sums.setdefault(klass, ([0.0] * len(widths), [0] * len(widths)))
+            for i, w in enumerate(widths):               # counterfactual_accepts, inlined (host time)
+                if w > ran_width:
+                    break
+                n = bisect_left(path_nodes, w)
+                old = row.get(w)
+                row[w] = float(n) if old is None else old + alpha * (n - old)
+                total[i] += n
+                count[i] += 1
+        for klass, (total, count) in sums.items():
+            batch = self._batch.setdefault(klass, {})
+            for w, t, k in zip(widths, total, count):
+                if k:
+                    batch[w] = ema(batch.get(w), t / k, 1.0 - (1.0 - self.batch_alpha) ** k)
 
     def forget(self, request_id: str) -> None:
         self._rows.pop(request_id, None)

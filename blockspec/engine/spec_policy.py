@@ -6,7 +6,7 @@ first w nodes, which is the tree of that budget). The step picks
 
     argmax_w  Σ_rows (1 + E_row[w]) / cost(bucket, w)
 
-— expected committed tokens per second of the whole batch (`choose_width`), with plain always
+— expected committed tokens per second of the whole batch (`best_width`), with plain always
 a candidate, so on the measured figures a step never chooses to be slower than plain decoding.
 E comes from `engine/acceptance.py`, cost from `engine/step_cost.py`.
 
@@ -75,18 +75,16 @@ def config_name(width: int, builds_trees: bool) -> str:
     return f"tree{width - 1}" if builds_trees else f"chain{width}"
 
 
-def choose_width(expected: list[dict[int, float]], costs: dict[int, float]) -> int:
-    """The width maximising Σ_rows (1 + expected[row][w]) / costs[w]; ties go to the narrower.
-
-    expected: per row, width → expected accepted drafts; costs: width → seconds per step
-    (every width of `costs` must be in every row's dict). Width 1 must be a candidate."""
+def best_width(committed: dict[int, float], costs: dict[int, float]) -> int:
+    """The width maximising committed[w] / costs[w] (expected tokens per second of the batch);
+    ties go to the narrower. Width 1 must be a candidate."""
     if 1 not in costs:
         raise ValueError("costs must include width 1 (plain decoding)")
     if any(t <= 0 for t in costs.values()):
         raise ValueError(f"costs must be positive, got {costs}")
     best, best_rate = 1, None
     for w in sorted(costs):
-        rate = sum(1.0 + row[w] for row in expected) / costs[w]
+        rate = committed[w] / costs[w]
         if best_rate is None or rate > best_rate * (1 + 1e-9):
             best, best_rate = w, rate
     return best
@@ -142,9 +140,8 @@ class SpecPolicy:
         if todo:
             return todo[-1]                       # time the bucket's widths, widest first
         costs = {w: self.cost.estimate(B, w) for w in self.widths}
-        expected = [{w: self.acceptance.expected(s.request_id, temperature_class(s.params), w) for w in self.widths}
-                    for s in seqs]
-        width = choose_width(expected, costs)
+        width = best_width(self.acceptance.expected_totals([(s.request_id, temperature_class(s.params)) for s in seqs]),
+                           costs)
         if self._before_probe is not None:        # the step after a probe: did it change anything?
             changed, self._before_probe = width != self._before_probe, None
             self.probe_interval = self.min_probe if changed else min(2 * self.probe_interval, self.max_probe)
@@ -179,7 +176,8 @@ class SpecPolicy:
         step's commit, which the interval holds, plus this step's own — against its GPU time;
         it costs the larger (module docstring). Without moving each commit to its own step a
         plain step read after a wide one was charged the wide one's commit."""
-        now = time.perf_counter() if now is None else now
+        entered = time.perf_counter()
+        now = entered if now is None else now
         previous = self._last_done
         begin = started if previous is None else max(started, previous)
         # Launched before the step before it was read: the interval holds that step's commit.
@@ -194,6 +192,7 @@ class SpecPolicy:
         if self.mode == "static":
             return
         self.cost.observe(len(seqs), width, seconds)
+        observed = []
         for i, s in enumerate(seqs):
             if getattr(s, "status", None) is Status.FINISHED:
                 continue
@@ -202,12 +201,13 @@ class SpecPolicy:
             if s.params.seed is not None and not s.params.greedy:
                 self.seeded.observe(s.request_id, nodes, ran)
             if ran > 1 and step.path_nodes is not None:
-                self.acceptance.observe(s.request_id, temperature_class(s.params), nodes, ran)
+                observed.append((s.request_id, temperature_class(s.params), nodes, ran))
+        self.acceptance.observe_step(observed)
         bucket = self.cost.bucket_for(len(seqs))
         if bucket not in self.cost.logged and all(t is not None for t in self.cost.table(len(seqs)).values()):
             self.cost.logged.add(bucket)
             log.info("%s (policy host time so far %.2f ms)", self.cost.format_table(len(seqs)), self.host_seconds * 1e3)
-        self.host_seconds += max(time.perf_counter() - now, 0.0)
+        self.host_seconds += time.perf_counter() - entered
 
     def forget(self, request_id: str) -> None:
         self.acceptance.forget(request_id)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from blockspec.engine.acceptance import AcceptanceModel, counterfactual_accepts, ema, temperature_class
-from blockspec.engine.spec_policy import SpecPolicy, candidate_widths, choose_width, config_name
+from blockspec.engine.spec_policy import SpecPolicy, best_width, candidate_widths, config_name
 from blockspec.engine.step_cost import StepCostModel, robust_seconds
 from blockspec.speculative.step import StepResult
 from blockspec.speculative.tree import PAD_PARENT, build_tree, chain_tree, truncate_tree
@@ -66,6 +66,20 @@ def test_temperature_classes():
     from blockspec.sampling import SamplingParams
     assert [temperature_class(SamplingParams(temperature=t)) for t in (0.0, 0.3, 1.0, 1.5)] == \
         ["greedy", "t<=0.5", "t<=1", "t>1"]
+
+
+def choose_width(expected, costs):
+    """best_width over per-row expectations: Σ_rows (1 + E_row[w])."""
+    return best_width({w: sum(1.0 + row[w] for row in expected) for w in costs}, costs)
+
+
+def test_expected_totals_sum_the_rows_expectations_and_the_batch_moves_once_a_step():
+    m = AcceptanceModel([1, 2, 4], alpha=0.5, batch_alpha=0.5)
+    m.observe_step([("a", "greedy", [1, 2, 3], 4), ("b", "greedy", [], 4), ("c", "t<=1", [1], 2)])
+    rows = [("a", "greedy"), ("b", "greedy"), ("c", "t<=1"), ("new", "greedy"), ("x", "t>1")]
+    assert m.expected_totals(rows) == {w: sum(1 + m.expected(r, k, w) for r, k in rows) for w in (1, 2, 4)}
+    # two greedy rows in one step: the batch EMA moves by 1 − 0.5² towards their mean (3 + 0) / 2
+    assert m.expected("new", "greedy", 4) == pytest.approx(1.5)
 
 
 def test_choose_width_maximises_tokens_per_second_with_plain_a_candidate():

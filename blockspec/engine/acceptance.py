@@ -11,6 +11,11 @@ per-position accept/reject EMA. Widths above W are not observed by that step.
 A new request starts from the batch-wide figures of its temperature class (greedy, T ≤ 0.5,
 T ≤ 1, T > 1), themselves EMAs over every row's observations; before any observation the prior
 is optimistic (every draft accepted), so the first steps speculate and measure.
+
+A width a row's step did not reach is not observed, so a row parked at plain after a bad
+stretch would keep its low figure until a probe: instead each unobserved width relaxes by
+`relax` a step towards its class's batch-wide figure (which the other rows, and the row's own
+long past, keep up to date), and the row returns to speculating on its own when that is better.
 """
 
 from __future__ import annotations
@@ -45,13 +50,14 @@ def temperature_class(params) -> str:
 class AcceptanceModel:
     """Per request and per temperature class: width → EMA of accepted drafts."""
 
-    def __init__(self, widths: list[int], alpha: float = 0.3, batch_alpha: float = 0.05):
+    def __init__(self, widths: list[int], alpha: float = 0.3, batch_alpha: float = 0.05, relax: float = 0.1):
         ema(None, 0.0, alpha)
         ema(None, 0.0, batch_alpha)   # validates both
+        ema(None, 0.0, relax)
         if any(w < 1 for w in widths):
             raise ValueError(f"widths must be positive, got {widths}")
         self.widths = sorted(set(widths))
-        self.alpha, self.batch_alpha = alpha, batch_alpha
+        self.alpha, self.batch_alpha, self.relax = alpha, batch_alpha, relax
         self._rows: dict[str, dict[int, float]] = {}
         self._batch: dict[str, dict[int, float]] = {}
 
@@ -86,9 +92,13 @@ class AcceptanceModel:
             if row is None:
                 row = self._rows[request_id] = dict(self._batch.get(klass, {}))
             total, count = sums.get(klass) or sums.setdefault(klass, ([0.0] * len(widths), [0] * len(widths)))
+            batch = self._batch.get(klass)
             for i, w in enumerate(widths):               # counterfactual_accepts, inlined (host time)
-                if w > ran_width:
-                    break
+                if w > ran_width:                        # not observed: towards the batch's figure
+                    old, target = row.get(w), batch.get(w) if batch else None
+                    if old is not None and target is not None:
+                        row[w] = old + self.relax * (target - old)
+                    continue
                 n = bisect_left(path_nodes, w)
                 old = row.get(w)
                 row[w] = float(n) if old is None else old + alpha * (n - old)

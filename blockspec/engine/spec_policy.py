@@ -200,7 +200,7 @@ class SpecPolicy:
             nodes = step.path_nodes[i] if step.path_nodes is not None else []
             if s.params.seed is not None and not s.params.greedy:
                 self.seeded.observe(s.request_id, nodes, ran)
-            if ran > 1 and step.path_nodes is not None:
+            if step.path_nodes is not None:     # plain rows too: their wider widths relax
                 observed.append((s.request_id, temperature_class(s.params), nodes, ran))
         self.acceptance.observe_step(observed)
         bucket = self.cost.bucket_for(len(seqs))

@@ -62,6 +62,23 @@ def test_acceptance_model_seeds_new_requests_from_the_batch():
     assert m.expected("a", "greedy", 2) == 0.0            # back to the batch's figure
 
 
+def test_a_row_parked_at_plain_relaxes_towards_the_batch():
+    """Widths a step did not reach drift to the class's batch-wide figure, so a row parked at plain
+    after a bad stretch returns to speculating without waiting for a probe."""
+    m = AcceptanceModel([1, 2, 4], alpha=0.5, batch_alpha=0.5, relax=0.2)
+    for _ in range(5):
+        m.observe_step([("a", "greedy", [1, 2, 3], 4), ("b", "greedy", [1, 2, 3], 4)])
+    for _ in range(5):
+        m.observe_step([("a", "greedy", [], 4), ("b", "greedy", [1, 2, 3], 4)])     # a's bad stretch
+    low = m.expected("a", "greedy", 4)
+    assert low < 0.2
+    for _ in range(20):
+        m.observe_step([("a", "greedy", [], 1), ("b", "greedy", [1, 2, 3], 4)])     # a at plain
+    assert m.expected("a", "greedy", 4) > 0.9 * m.expected("b", "greedy", 4) > 2.0
+    with pytest.raises(ValueError, match="alpha"):
+        AcceptanceModel([1, 2], relax=1.5)
+
+
 def test_temperature_classes():
     from blockspec.sampling import SamplingParams
     assert [temperature_class(SamplingParams(temperature=t)) for t in (0.0, 0.3, 1.0, 1.5)] == \

@@ -32,8 +32,8 @@ times after the warm-up, widest first). Then two kinds of probe, both cheap:
   full-width step costs so much more that probes would add over `PROBE_BUDGET`) one step runs the full
   width, which observes every draft position (a plain step observes none), so a request whose
   drafts turn good again is noticed; at the full width every step observes everything;
-- cost: every `retime_interval` steps one step runs another candidate in turn, so one unlucky
-  timing cannot lock a width out. Rare, because overlapped steps are timed from the GPU's own
+- cost: every `retime_interval` steps (or further apart, by the same budget, for a dearer width)
+  one step runs another candidate in turn, so one unlucky timing cannot lock a width out. Rare, because overlapped steps are timed from the GPU's own
   events (`observe`), not from host clocks that a pipeline blurs.
 
 Timing: a synchronous step costs its wall time. An overlapped step (launched before the one
@@ -58,7 +58,7 @@ from blockspec.engine.step_cost import StepCostModel
 log = logging.getLogger("blockspec.spec_policy")
 
 LADDER = (2, 4, 8, 16, 32, 64, 128)
-PROBE_BUDGET = 0.03    # the most of the step time acceptance probes may add   # few widths: each is timed per bucket, and captured on CUDA
+PROBE_BUDGET = 0.03    # the most of the step time each kind of probe may add   # few widths: each is timed per bucket, and captured on CUDA
 
 
 def candidate_widths(full_width: int) -> list[int]:
@@ -146,11 +146,14 @@ class SpecPolicy:
             changed, self._before_probe = width != self._before_probe, None
             self.probe_interval = self.min_probe if changed else min(2 * self.probe_interval, self.max_probe)
         self._steps += 1
-        if self._steps % self.retime_interval == 0:
-            others = [w for w in sorted(self.widths, reverse=True) if w != width]
-            if others:
-                self._probes += 1
-                return others[(self._probes - 1) % len(others)]
+        others = [w for w in sorted(self.widths, reverse=True) if w != width]
+        if others:
+            # The next width to re-time, in turn; a dear one waits longer (the same budget).
+            other = others[self._probes % len(others)]
+            spacing = math.ceil(max(costs[other] / costs[width] - 1.0, 0.0) / PROBE_BUDGET)
+            if self._steps >= max(self.retime_interval, spacing):
+                self._steps, self._probes = 0, self._probes + 1
+                return other
         if width < self.full_width:
             self._since_probe += 1
             # A probe costs cost(full) − cost(width) more than the step it replaces: space them so

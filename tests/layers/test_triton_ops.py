@@ -147,8 +147,8 @@ def test_the_detection_finds_the_order_a_torch_uses(planted):
 def test_the_running_torchs_cuda_order_is_modelled():
     if DEVICE != "cuda":
         # It asks the running CUDA torch which order it uses (the detection itself is tested on
-        # CPU above); the device runs cover it (bench/gpu_fastpath.sh runs tests/layers on CUDA;
-        # H200: bench/results/gpu_overlap/call1_three_copies/log.txt).
+        # CPU above); the device runs cover it (bench/gpu_session_d.sh runs tests/layers on CUDA:
+        # passed on an H100, bench/results/gpu_session_e/call1_cuda_tests.xml).
         pytest.skip("needs the CUDA torch whose reduction order is detected")
     assert triton_ops.cuda_order_variant(DEVICE) is not None
 

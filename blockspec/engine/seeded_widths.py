@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from blockspec.engine.acceptance import counterfactual_accepts, ema
+from blockspec.engine.step_cost import best_width
 
 DRAFT_COST = 0.25      # a drafter pass, in decode steps
 NODE_COST = 0.01       # each verified node past the root, in decode steps
@@ -68,12 +69,8 @@ class SeededWidths:
                 row.table[w] = ema(row.table.get(w), float(n), self.alpha)
         if k % PROBE_EVERY == PROBE_EVERY - 1:
             return self.widths[-1]
-        best, best_rate = 1, None
-        for w in self.widths:
-            rate = (1.0 + row.table.get(w, float(w - 1))) / proxy_cost(w)
-            if best_rate is None or rate > best_rate * (1 + 1e-9):
-                best, best_rate = w, rate
-        return best
+        return best_width({w: 1.0 + row.table.get(w, float(w - 1)) for w in self.widths},
+                          {w: proxy_cost(w) for w in self.widths})
 
     def observe(self, request_id: str, path_nodes: list[int], ran_width: int) -> None:
         """The result of this request's oldest unobserved step, run at `ran_width`."""

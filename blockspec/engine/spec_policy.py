@@ -33,8 +33,9 @@ times after the warm-up, widest first). Then two kinds of probe, both cheap:
   width, which observes every draft position (a plain step observes none), so a request whose
   drafts turn good again is noticed; at the full width every step observes everything;
 - cost: every `retime_interval` steps (or further apart, by the same budget, for a dearer width)
-  one step runs another candidate in turn, so one unlucky timing cannot lock a width out. Rare, because overlapped steps are timed from the GPU's own
-  events (`observe`), not from host clocks that a pipeline blurs.
+  one step runs another candidate in turn, so one unlucky timing cannot lock a width out.
+  Rare, because overlapped steps are timed from the GPU's own events (`observe`), not from
+  host clocks that a pipeline blurs.
 
 Timing: a synchronous step costs its wall time. An overlapped step (launched before the one
 before it is read) costs max(the host's own time per step, the step's GPU time): the pipeline
@@ -53,12 +54,12 @@ from blockspec.engine.acceptance import AcceptanceModel, temperature_class
 from blockspec.engine.config import SPEC_POLICIES
 from blockspec.engine.seeded_widths import SeededWidths
 from blockspec.engine.sequence import Status
-from blockspec.engine.step_cost import StepCostModel
+from blockspec.engine.step_cost import StepCostModel, best_width
 
 log = logging.getLogger("blockspec.spec_policy")
 
-LADDER = (2, 4, 8, 16, 32, 64, 128)
-PROBE_BUDGET = 0.03    # the most of the step time each kind of probe may add   # few widths: each is timed per bucket, and captured on CUDA
+LADDER = (2, 4, 8, 16, 32, 64, 128)   # few widths: each is timed per bucket, and captured on CUDA
+PROBE_BUDGET = 0.03    # the most of the step time each kind of probe may add
 
 
 def candidate_widths(full_width: int) -> list[int]:
@@ -75,19 +76,10 @@ def config_name(width: int, builds_trees: bool) -> str:
     return f"tree{width - 1}" if builds_trees else f"chain{width}"
 
 
-def best_width(committed: dict[int, float], costs: dict[int, float]) -> int:
-    """The width maximising committed[w] / costs[w] (expected tokens per second of the batch);
-    ties go to the narrower. Width 1 must be a candidate."""
-    if 1 not in costs:
-        raise ValueError("costs must include width 1 (plain decoding)")
-    if any(t <= 0 for t in costs.values()):
-        raise ValueError(f"costs must be positive, got {costs}")
-    best, best_rate = 1, None
-    for w in sorted(costs):
-        rate = committed[w] / costs[w]
-        if best_rate is None or rate > best_rate * (1 + 1e-9):
-            best, best_rate = w, rate
-    return best
+def probe_spacing(dear: float, cheap: float) -> int:
+    """Steps between probes of a width costing `dear` seconds from a choice costing `cheap`, so
+    that each probe's extra cost stays within PROBE_BUDGET of the steps' time."""
+    return math.ceil(max(dear / cheap - 1.0, 0.0) / PROBE_BUDGET)
 
 
 class SpecPolicy:
@@ -150,17 +142,15 @@ class SpecPolicy:
         if others:
             # The next width to re-time, in turn; a dear one waits longer (the same budget).
             other = others[self._probes % len(others)]
-            spacing = math.ceil(max(costs[other] / costs[width] - 1.0, 0.0) / PROBE_BUDGET)
-            if self._steps >= max(self.retime_interval, spacing):
+            if self._steps >= max(self.retime_interval, probe_spacing(costs[other], costs[width])):
                 self._steps, self._probes = 0, self._probes + 1
                 return other
         if width < self.full_width:
             self._since_probe += 1
-            # A probe costs cost(full) − cost(width) more than the step it replaces: space them so
-            # that this stays within PROBE_BUDGET of the steps' time (a 16-wide chain can cost 5
-            # plain steps on a CPU, where probing every 16 steps cost a quarter of the time).
-            spacing = math.ceil((costs[self.full_width] / costs[width] - 1.0) / PROBE_BUDGET)
-            if self._since_probe >= max(self.probe_interval, spacing):
+            # A probe costs cost(full) − cost(width) more than the step it replaces (a 16-wide
+            # chain can cost 5 plain steps on a CPU, where probing every 16 steps cost a quarter
+            # of the time).
+            if self._since_probe >= max(self.probe_interval, probe_spacing(costs[self.full_width], costs[width])):
                 self._since_probe, self._before_probe = 0, width
                 return self.full_width
         return width

@@ -100,3 +100,18 @@ class StepCostModel:
         drafter = self.drafter_seconds(batch_size)
         extra = f"; drafter ≈ {drafter * 1e3:.2f} ms" if drafter is not None else ""
         return f"step cost at batch bucket {self.bucket_for(batch_size)}: {cells}{extra}"
+
+
+def best_width(committed: dict[int, float], costs: dict[int, float]) -> int:
+    """The width maximising committed[w] / costs[w] (expected tokens per second of the batch);
+    ties go to the narrower. Width 1 must be a candidate."""
+    if 1 not in costs:
+        raise ValueError("costs must include width 1 (plain decoding)")
+    if any(t <= 0 for t in costs.values()):
+        raise ValueError(f"costs must be positive, got {costs}")
+    best, best_rate = 1, None
+    for w in sorted(costs):
+        rate = committed[w] / costs[w]
+        if best_rate is None or rate > best_rate * (1 + 1e-9):
+            best, best_rate = w, rate
+    return best

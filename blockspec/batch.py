@@ -18,6 +18,7 @@ import torch
 
 from blockspec.attention.metadata import AttentionBatch
 from blockspec.sampling import SamplingTensors
+from blockspec.seeded_sampling import race_key_of
 
 
 @dataclass
@@ -36,8 +37,8 @@ class StepInputs:
     processors  host-side: the step's per-position logits processors (`logits_processing`)
     num_logprobs  host-side: alternatives to report per committed token, the most any row asks
                 for (None: no row wants logprobs)
-    width_caps  [B] int64  decode: a row's verify width where narrower than the step's (0 = the
-                step's; `SpeculativeStep.draft`); None for prefill
+    race_keys   [B] int64  a seeded sampled row's race key (`seeded_sampling.race_key`), 0 for
+                the others: seeded rows sample by the exponential race, not by the uniforms
     """
 
     page_table: torch.Tensor
@@ -52,7 +53,7 @@ class StepInputs:
     packed: "PackedStep | None" = None
     processors: tuple = ()
     num_logprobs: int | None = None
-    width_caps: torch.Tensor | None = None
+    race_keys: torch.Tensor | None = None
 
     @property
     def needs_eager(self) -> str | None:
@@ -68,6 +69,12 @@ class StepInputs:
     @property
     def device(self) -> torch.device:
         return self.prefix_lens.device
+
+    @property
+    def walked_rows(self) -> torch.Tensor:
+        """`[B]` bool: rows verified by the walk over one-hot targets — greedy rows, and seeded
+        rows, whose p is pinned to its race winner (`seeded_sampling.pin_seeded_rows`)."""
+        return self.sampling.greedy if self.race_keys is None else self.sampling.greedy | (self.race_keys != 0)
 
     @property
     def roots(self) -> torch.Tensor:
@@ -126,8 +133,8 @@ class PackedStep:
     page_table [B, P]      int64    the rows' pages, padded with page 0
     ints       [6, B]      int64    prefix_len, root token, top_k, greedy (0/1), previous row + 1
                                     (overlapped steps: read prefix and root from that row of the
-                                    step before, on the device; 0 = use these), width cap (the
-                                    row's verify width when narrower than the step's; 0 = none)
+                                    step before, on the device; 0 = use these), race key (a
+                                    seeded sampled row's; 0 = none)
     floats     [n + 3, B]  float64  the n uniforms, then temperature (1.0 for greedy rows), top_p,
                                     min_p — the flat tensor's bits
     Padding rows (past the real batch) are zeros: page 0, no prefix, token 0, temperature and top_p 1.
@@ -159,8 +166,7 @@ class PackedStep:
         B, P = self.page_table.shape
         return PackedStep.of_flat(self.flat.to(device, non_blocking=non_blocking), B, P, self.num_uniforms)
 
-    def fill(self, seqs, uniforms: torch.Tensor, previous_rows: list[int] | None = None,
-             width_caps: list[int] | None = None) -> "PackedStep":
+    def fill(self, seqs, uniforms: torch.Tensor, previous_rows: list[int] | None = None) -> "PackedStep":
         """Rows 0…B−1 from the sequences (host tensors); the rest stay padding."""
         B = len(seqs)
         params = [s.params for s in seqs]
@@ -172,8 +178,7 @@ class PackedStep:
                                           [p.top_k for p in params], [int(p.greedy) for p in params]])
         if previous_rows is not None:
             self.ints[4, :B] = torch.tensor(previous_rows) + 1
-        if width_caps is not None:
-            self.ints[5, :B] = torch.tensor(width_caps)
+        self.ints[5, :B] = torch.tensor([race_key_of(p) for p in params])
         n = self.num_uniforms
         self.floats[:n, :B] = uniforms.to(torch.float64).t()
         self.floats[n:, :B] = torch.tensor([[1.0 if p.greedy else p.temperature for p in params],
@@ -182,12 +187,12 @@ class PackedStep:
         return self
 
 
-def pack_decode(seqs, uniforms: torch.Tensor, device, width_caps: list[int] | None = None) -> PackedStep:
+def pack_decode(seqs, uniforms: torch.Tensor, device) -> PackedStep:
     """The host side of a decode step: `uniforms [B, n]` and each row's state and settings, in
     one host→device copy (not through pinned memory: pinning costs more than these few
     hundred bytes take to copy, and the step syncs once anyway)."""
     P = max(len(s.page_table.pages) for s in seqs) or 1
-    return PackedStep.empty(len(seqs), P, uniforms.shape[1]).fill(seqs, uniforms, None, width_caps).to(device)
+    return PackedStep.empty(len(seqs), P, uniforms.shape[1]).fill(seqs, uniforms).to(device)
 
 
 def unpack_decode(packed: PackedStep, page_size: int, seqs=(), all_greedy: bool = False,
@@ -208,14 +213,12 @@ def unpack_decode(packed: PackedStep, page_size: int, seqs=(), all_greedy: bool 
         prefix = torch.where(known, from_previous[0], prefix)
         root = torch.where(known, from_previous[1], root)
     return StepInputs(packed.page_table, prefix, torch.ones_like(prefix), root[:, None], sampling,
-                      floats[:n].t().contiguous(), page_size, list(seqs), all_greedy, packed, width_caps=ints[5])
+                      floats[:n].t().contiguous(), page_size, list(seqs), all_greedy, packed, race_keys=ints[5])
 
 
-def decode_inputs(seqs, uniforms: torch.Tensor, page_size: int, device,
-                  width_caps: list[int] | None = None) -> StepInputs:
-    """A decode/verify step: the roots at position num_cached of each row; `width_caps` as
-    `PackedStep`'s (the adaptive policy's seeded rows)."""
-    return unpack_decode(pack_decode(seqs, uniforms, device, width_caps), page_size, seqs,
+def decode_inputs(seqs, uniforms: torch.Tensor, page_size: int, device) -> StepInputs:
+    """A decode/verify step: the roots at position num_cached of each row."""
+    return unpack_decode(pack_decode(seqs, uniforms, device), page_size, seqs,
                          all(s.params.greedy for s in seqs))
 
 
@@ -223,9 +226,9 @@ def prefill_inputs(seqs, chunk_lens: list[int], uniforms: torch.Tensor, page_siz
     """A prefill step: row b caches tokens num_cached … num_cached + chunk_lens[b] − 1."""
     width = max(chunk_lens)
     ids = [s.tokens[s.num_cached:s.num_cached + n] + [0] * (width - n) for s, n in zip(seqs, chunk_lens)]
-    lens = torch.tensor([[s.num_cached for s in seqs], chunk_lens], dtype=torch.long)
+    lens = torch.tensor([[s.num_cached for s in seqs], chunk_lens, [race_key_of(s.params) for s in seqs]], dtype=torch.long)
     lens = lens.to(device)
     return StepInputs(page_table_tensor(seqs, device), lens[0], lens[1],
                       torch.tensor(ids, dtype=torch.long).to(device),
                       SamplingTensors.from_params([s.params for s in seqs], device),
-                      uniforms.to(device), page_size, seqs)
+                      uniforms.to(device), page_size, seqs, race_keys=lens[2])

@@ -67,10 +67,11 @@ def exact_law_llm(model, kv_tokens_per_request: int, **spec) -> LLM:
                **spec)
 
 
-def law_fit(llm, laws, setting, settings=SETTINGS):
+def law_fit(llm, laws, setting, settings=SETTINGS, seeded=False):
     """Chi-square of the engine's first NUM_TOKENS tokens under settings[setting] against the
-    exact law of that setting."""
-    samples = sample_continuations(llm, PROMPT, settings[setting], NUM_SAMPLES, NUM_TOKENS)
+    exact law of that setting. Unseeded requests by default (the verifiers' uniforms); seeded
+    ones sample by the exponential race (blockspec/seeded_sampling.py)."""
+    samples = sample_continuations(llm, PROMPT, settings[setting], NUM_SAMPLES, NUM_TOKENS, seeded=seeded)
     return chi_square_against_law(samples, laws[setting])
 
 

@@ -48,8 +48,8 @@ def test_policy_picks_plain_for_an_adversary_and_the_full_block_for_an_oracle(qw
     (a shared CPU's timings are too noisy for a test; the policy's timing is unit-tested)."""
     real_observe = SpecPolicy.observe
 
-    def observe(self, seqs, width, started, step, now=None, caps=None, **timings):
-        real_observe(self, seqs, width, started, step, now=started + 0.01 * (1 + 0.1 * width), caps=caps)
+    def observe(self, seqs, width, started, step, now=None, **timings):
+        real_observe(self, seqs, width, started, step, now=started + 0.01 * (1 + 0.1 * width))
         self._last_done = None                 # synthetic times: each step from its own start
     monkeypatch.setattr(SpecPolicy, "observe", observe)
     prompts, expected = long_plain
@@ -132,35 +132,3 @@ def test_eager_steps_run_the_chosen_width(qwen3_dir, tmp_path, spec, monkeypatch
                                                                      ignore_eos=True))[0]
     assert out.metrics.drafted_tokens == 3 * out.metrics.verify_steps       # width 4: three draft nodes
     assert out.metrics.accept_length <= 4
-
-
-def per_request_widths(self, request_id):
-    """A stand-in for a seeded row's own width: a different width per request and step, so every
-    batch mixes rows capped at each width (plain included) inside the widest one."""
-    steps = self.__dict__.setdefault("_steps", {})
-    k = steps[request_id] = steps.get(request_id, -1) + 1
-    return self.widths[(sum(map(ord, request_id)) + k) % len(self.widths)]
-
-
-@pytest.mark.parametrize("spec", ["dflash", "ddtree"])
-def test_seeded_rows_capped_inside_a_wider_verify_keep_sampling_exact(tiny_vocab_dir, tiny_drafter, t1_law, spec,
-                                                                      monkeypatch):
-    """The real policy: every request of the law's batch is seeded, so each row runs its own width
-    (`StepInputs.width_caps`) inside the step's; rejection sampling (a chain or a sampled tree)."""
-    from blockspec.engine.seeded_widths import SeededWidths
-    from test_lossless import exact_law_llm
-    monkeypatch.setattr(SeededWidths, "next_width", per_request_widths)
-    extra = {"budget": 7} if spec == "ddtree" else {"block_size": 8}
-    llm = exact_law_llm(tiny_vocab_dir, 24, spec=spec, draft_model=tiny_drafter, spec_verify="rejection",
-                        spec_policy="adaptive", **extra)
-    caps_seen = []
-    real_choose = SpecPolicy.choose
-
-    def choose(self, seqs):
-        width = real_choose(self, seqs)
-        caps_seen.append(self.step_caps is not None and 0 in self.step_caps and 1 in self.step_caps)
-        return width
-    monkeypatch.setattr(SpecPolicy, "choose", choose)
-    result = law_fit(llm, t1_law, "t1")
-    assert any(caps_seen), "no step mixed capped and uncapped rows"
-    assert result.p_value > ALPHA, f"{spec=}: chi2={result.statistic:.1f} dof={result.dof} p={result.p_value:.2e}"

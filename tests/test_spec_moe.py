@@ -73,5 +73,5 @@ def test_biased_verifier_on_moe_fails(tiny_moe, monkeypatch):
     reject it (keeping the suite fast)."""
     model, drafter, laws = tiny_moe
     monkeypatch.setattr(step_module, "verify_tree", over_accepting_verify_tree)
-    samples = sample_continuations(ddtree_llm(model, drafter), PROMPT, SETTINGS["t1"], 4000, NUM_TOKENS)
+    samples = sample_continuations(ddtree_llm(model, drafter), PROMPT, SETTINGS["t1"], 4000, NUM_TOKENS, seeded=False)
     assert chi_square_against_law(samples, laws["t1"]).p_value < ALPHA

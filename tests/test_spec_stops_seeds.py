@@ -73,30 +73,44 @@ def test_stop_string_inside_accepted_block(qwen3_dir, setup):
     assert text.startswith(e.text)
 
 
-@pytest.mark.parametrize("spec, policy", [("none", "static"), ("dflash", "static"), ("ngram", "static"),
-                                          ("dflash", "adaptive"), ("ngram", "adaptive"), ("ddtree", "adaptive")])
-def test_seeded_request_same_alone_and_in_batch(qwen3_dir, tmp_path, spec, policy):
-    # Adaptive: a seeded sampled row's width comes from its own history only (engine/seeded_widths.py),
-    # a cap inside whatever width the other rows' policy (here cycling every step) chose.
-    kwargs = {}
-    if spec in ("dflash", "ddtree"):   # ddtree: sampled trees (spec_verify auto = rejection)
-        kwargs = dict(spec=spec, draft_model=str(write_dflash_drafter(tmp_path / "d", qwen3_dir, block_size=6)),
-                      spec_policy=policy, **({"budget": 7} if spec == "ddtree" else {}))
+SEEDED = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=1234, ignore_eos=True)
+SEEDED_CASES = [("none", "static", "auto"), ("dflash", "static", "rejection"), ("dflash", "static", "target-only"),
+                ("ngram", "static", "auto"), ("dflash", "adaptive", "auto"), ("ngram", "adaptive", "auto"),
+                ("ddtree", "adaptive", "auto"), ("ddtree", "static", "target-only")]
+
+
+@pytest.fixture(scope="module")
+def seeded_plain(qwen3_dir):
+    """Seeded plain decoding of the first prompt: what every speculative engine must repeat."""
+    prompts = prompts_for(512, [9, 4, 20, 13], seed=2)
+    return prompts, LLM(model=qwen3_dir).generate(prompts[0], SEEDED)[0].token_ids
+
+
+@pytest.mark.parametrize("spec, policy, verify", SEEDED_CASES)
+def test_seeded_request_repeats_plain_decoding_alone_and_in_batch(qwen3_dir, tmp_path, seeded_plain, spec, policy,
+                                                                   verify):
+    """A seeded sampled row samples by the exponential race (blockspec/seeded_sampling.py): its
+    tokens are seeded plain decoding's whatever the method, the verifier (ddtree under auto: sampled
+    trees), the width (adaptive: here changing every step) or the rows beside it."""
+    kwargs = dict(spec_policy=policy, spec_verify=verify) if spec != "none" else {}
+    if spec in ("dflash", "ddtree"):
+        kwargs.update(spec=spec, draft_model=str(write_dflash_drafter(tmp_path / "d", qwen3_dir, block_size=6)),
+                      **({"budget": 7} if spec == "ddtree" else {}))
     elif spec == "ngram":
-        kwargs = dict(spec="ngram", block_size=4, spec_policy=policy)
+        kwargs.update(spec="ngram", block_size=4)
     llm = LLM(model=qwen3_dir, **kwargs)
     if policy == "adaptive":      # a policy that changes width every step, whatever the timings
         widths = iter(__import__("itertools").cycle(llm.engine.policy.widths))
-        llm.engine.policy._choose = lambda B, seqs: next(widths)
-    prompts = prompts_for(512, [9, 4, 20, 13], seed=2)
-    seeded = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=1234, ignore_eos=True)
-    alone = llm.generate(prompts[0], seeded)[0].token_ids
+        llm.engine.policy._choose = lambda seqs: next(widths)
+    prompts, plain = seeded_plain
+    alone = llm.generate(prompts[0], SEEDED)[0].token_ids
+    assert alone == plain
     others = [SamplingParams(temperature=1.0, max_tokens=n, ignore_eos=True) for n in (5, 30, 17)]
-    batch = llm.generate(prompts, [seeded] + others)
+    batch = llm.generate(prompts, [SEEDED] + others)
     assert batch[0].token_ids == alone
-    if policy == "adaptive":     # the seeded row did adapt: it ran more than one width
+    if policy == "adaptive":     # the widths did change under the seeded row
         assert len(batch[0].metrics.configurations) > 1, batch[0].metrics.configurations
-    again = llm.generate([prompts[2], prompts[0]], [others[1], seeded])
+    again = llm.generate([prompts[2], prompts[0]], [others[1], SEEDED])
     assert again[1].token_ids == alone
     different_seed = llm.generate(prompts[0], SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24,
                                                               seed=99, ignore_eos=True))[0].token_ids

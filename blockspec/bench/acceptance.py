@@ -32,11 +32,14 @@ def load_prompt_sets(tokenizer, num_prompts: int, datasets=DATASETS) -> dict[str
 
 
 def measure(llm: LLM, prompts: list[list[int]], temperature: float, max_tokens: int, batch: int,
-            top_p: float = 1.0) -> dict:
+            top_p: float = 1.0, seeded: bool = False) -> dict:
+    """Unseeded requests measure the verification rule (`--spec-verify`); seeded ones (seed i)
+    sample by the exponential race whatever the rule (blockspec/seeded_sampling.py)."""
     total = SpecMetrics(algorithm=llm.engine.spec_algorithm)
     tokens, start = 0, time.perf_counter()
     for i in range(0, len(prompts), batch):
-        params = [SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=i + j)
+        params = [SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                                 seed=i + j if seeded else None)
                   for j in range(len(prompts[i:i + batch]))]
         for out in llm.generate(prompts[i:i + batch], params):
             total.merge(out.metrics)
@@ -59,6 +62,8 @@ def main(argv=None) -> int:
                          "ddtree trees)")
     ap.add_argument("--budget", type=int, default=None, help="DDTree node budget (default 16)")
     ap.add_argument("--top-p", type=float, default=1.0, help="top_p of the sampled requests")
+    ap.add_argument("--seeded", action="store_true",
+                    help="seed every request: sampled rows then take the exponential race, not --spec-verify")
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--temperatures", default="0,1",
                     help="items T or T:TOP_P, e.g. 0,0.6:0.95,1 (T alone takes --top-p)")
@@ -98,7 +103,7 @@ def main(argv=None) -> int:
         for name, prompts in prompt_sets.items():
             for t, top_p in temps:
                 rec = {"step": int(step), "dataset": name, "temperature": t, "top_p": top_p,
-                       **measure(llm, prompts, t, args.max_tokens, args.batch, top_p)}
+                       **measure(llm, prompts, t, args.max_tokens, args.batch, top_p, args.seeded)}
                 print(json.dumps({k: v for k, v in rec.items() if k != "acceptance_per_position"}), flush=True)
                 records.append(rec)
                 # Written after every record: a run stopped early keeps what it measured.
@@ -111,7 +116,8 @@ def main(argv=None) -> int:
 def write_results(args, argv, records: list[dict]) -> None:
     out = {"command": "python -m blockspec.bench.acceptance " + " ".join(argv or sys.argv[1:]),
            "target": args.target, "spec": args.spec, "spec_verify": args.spec_verify,
-           "block_size": args.block_size, "budget": args.budget, "top_p": args.top_p, "max_tokens": args.max_tokens,
+           "block_size": args.block_size, "budget": args.budget, "top_p": args.top_p, "seeded": args.seeded,
+           "max_tokens": args.max_tokens,
            "device": args.device, "dtype": args.dtype, "records": records}
     Path(args.output).write_text(json.dumps(out, indent=2))
 

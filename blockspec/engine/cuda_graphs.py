@@ -196,8 +196,7 @@ class GraphedStep:
         return type(result)(**{k: v[:B] for k, v in vars(result).items() if v is not None}), num_nodes[:B]
 
     @torch.inference_mode()
-    def launch(self, seqs, uniforms: torch.Tensor, previous_rows: list[int] | None,
-               width_caps: list[int] | None = None) -> torch.Tensor:
+    def launch(self, seqs, uniforms: torch.Tensor, previous_rows: list[int] | None) -> torch.Tensor:
         """Replay the step of `seqs` (drafting on the device) from host state, with nothing but
         one host→device copy (pinned, asynchronous) in front of the graph. `previous_rows[b]`:
         row b's row in the step replayed just before, whose prefix and root replace the host's.
@@ -206,7 +205,7 @@ class GraphedStep:
         bs = self.bucket_for(B)
         st = self.static[bs, all(s.params.greedy for s in seqs)]
         host = PackedStep.empty(bs, self.max_pages, self.num_uniforms, pin=self.device.type == "cuda")
-        host.fill(seqs, uniforms, previous_rows, width_caps)
+        host.fill(seqs, uniforms, previous_rows)
         st.packed.flat.copy_(host.flat, non_blocking=True)
         self._replay(st, bs)
         return st.outputs[2][:B]

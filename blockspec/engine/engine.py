@@ -19,7 +19,7 @@ from blockspec.batch import decode_inputs, prefill_inputs
 from blockspec.engine.config import EngineConfig
 from blockspec.engine.outputs import SpecMetrics, StepOutput
 from blockspec.engine.overlap import InFlightStep, launch_decode
-from blockspec.engine.prefill_graphs import GraphedPrefill, prefill_and_sample
+from blockspec.engine.prefill_graphs import GraphedPrefill, prefill_and_sample, sample_after_prefill
 from blockspec.engine.runner import ModelRunner
 from blockspec.engine.scheduler import Scheduler
 from blockspec.engine.spec_policy import SpecPolicy
@@ -35,7 +35,7 @@ from blockspec.logprobs import pack_logprobs, path_logprobs, unpack_logprobs
 from blockspec.models.loader import parse_device, parse_dtype
 from blockspec.models.registry import load_config
 from blockspec.penalties import PenaltyProcessor
-from blockspec.sampling import SamplingParams, draw_uniforms, filtered_probs, make_generator, sample_from_probs
+from blockspec.sampling import SamplingParams, draw_uniforms, make_generator
 from blockspec.speculative.step import SpeculativeStep, StepResult, resolve_verify_rule
 from blockspec.tokenizer import Tokenizer
 
@@ -268,7 +268,7 @@ class Engine:
             self.proposer.on_prefill(features, batch, positions)
         roots = torch.tensor([s.tokens[-1] for s in seqs], device=self.device)
         logits = process_logits(raw_logits[:, None], inputs.processors, VerifyPositions(seqs, root_only_tree(roots)))
-        tokens = sample_from_probs(filtered_probs(logits[:, 0], inputs.sampling), inputs.uniforms[:, 0])
+        tokens = sample_after_prefill(logits[:, 0], inputs)
         if inputs.num_logprobs is None:
             return tokens.tolist(), [None] * len(seqs)
         # One host copy for the tokens and their log-probabilities.
@@ -285,23 +285,21 @@ class Engine:
         # The graphs carry no processor or logprob state (StepInputs.needs_eager).
         graphable = not processors and num_logprobs is None
         width = self.policy.choose(seqs) if self.policy else 1
-        caps = self.policy.step_caps if self.policy else None     # seeded rows' own widths
         started = time.perf_counter()
         graphed = self.graphed.at(width) if self.graphed is not None else None
         if self.overlap and graphable and self.graphed.can_run(len(seqs)):
-            launched = launch_decode(graphed, seqs, uniforms, self.in_flight, caps)
+            launched = launch_decode(graphed, seqs, uniforms, self.in_flight)
             launched.width, launched.started = width, started
             outputs = self._finish_in_flight() if self.in_flight is not None else []
             self.in_flight = launched
             return outputs
-        inputs = decode_inputs(seqs, uniforms, self.cache.page_size, self.device, caps)
+        inputs = decode_inputs(seqs, uniforms, self.cache.page_size, self.device)
         inputs.processors, inputs.num_logprobs = processors, num_logprobs
         step = self.spec_step.run(self.runner, inputs, graphed, width if self.policy else None)
         read = time.perf_counter()
-        outputs = self._commit_step(seqs, step, width, caps)
+        outputs = self._commit_step(seqs, step, width)
         if self.policy:     # after the commit, whose host time is part of the step's cost
-            self.policy.observe(seqs, width, started, step, now=read, caps=caps,
-                                commit_seconds=time.perf_counter() - read)
+            self.policy.observe(seqs, width, started, step, now=read, commit_seconds=time.perf_counter() - read)
         return outputs
 
     def _finish_in_flight(self) -> list[StepOutput]:
@@ -312,26 +310,22 @@ class Engine:
         read = time.perf_counter()
         live = [i for i, s in enumerate(flight.seqs)
                 if (state := self._requests.get(s.request_id)) is not None and state.seq is s]
-        caps = None if flight.width_caps is None else [flight.width_caps[i] for i in live]
-        outputs = self._commit_step([flight.seqs[i] for i in live], step.rows(live), flight.width, caps)
+        outputs = self._commit_step([flight.seqs[i] for i in live], step.rows(live), flight.width)
         if self.policy:     # after the commit, whose host time is part of the step's cost
-            self.policy.observe(flight.seqs, flight.width, flight.started, step, now=read, caps=flight.width_caps,
+            self.policy.observe(flight.seqs, flight.width, flight.started, step, now=read,
                                 gpu_seconds=flight.gpu_seconds(), waited=flight.waited,
                                 commit_seconds=time.perf_counter() - read)
         return outputs
 
-    def _commit_step(self, seqs: list[Sequence], step: StepResult, width: int,
-                     caps: list[int] | None = None) -> list[StepOutput]:
+    def _commit_step(self, seqs: list[Sequence], step: StepResult, width: int) -> list[StepOutput]:
         outputs = []
         logprobs = step.logprobs or [None] * len(seqs)
-        caps = caps or [0] * len(seqs)
-        for s, committed, accepted, drafted, lps, cap in zip(seqs, step.committed, step.accepted, step.drafted,
-                                                             logprobs, caps):
+        for s, committed, accepted, drafted, lps in zip(seqs, step.committed, step.accepted, step.drafted, logprobs):
             self.scheduler.commit_decode(s, accepted + 1)   # the root and the accepted drafts are cached
             out = self._commit(self._requests[s.request_id], committed, lps)
             if self.proposer:
                 # Committed = what was kept: a stop or max_tokens may cut the block short.
-                s.metrics.record_step(drafted, accepted, len(out.new_token_ids), self.policy.name(cap or width))
+                s.metrics.record_step(drafted, accepted, len(out.new_token_ids), self.policy.name(width))
                 out.metrics = s.metrics.snapshot()
             outputs.append(out)
         return outputs

@@ -37,7 +37,6 @@ class InFlightStep:
     ready: "torch.cuda.Event | None"
     replay: int
     width: int = 1           # the verify width it was launched at (engine/spec_policy.py)
-    width_caps: list[int] | None = None   # its rows' narrower widths (0 = `width`)
     started: float = 0.0     # perf_counter at its launch
     events: tuple | None = None   # CUDA events (began, ended) around its replay; None on a CPU
     waited: float = 0.0      # seconds the host blocked in `result` for it
@@ -58,8 +57,7 @@ class InFlightStep:
         return began.elapsed_time(ended) / 1e3
 
 
-def launch_decode(graphed, seqs, uniforms: torch.Tensor, previous: InFlightStep | None,
-                  width_caps: list[int] | None = None) -> InFlightStep:
+def launch_decode(graphed, seqs, uniforms: torch.Tensor, previous: InFlightStep | None) -> InFlightStep:
     """Launch one graphed decode step over `seqs` without waiting for anything. With a step
     `previous` still in flight, every row must have been in it; its prefix and root come from
     that step's carry on the device (the host's copy of them is one step behind)."""
@@ -71,11 +69,11 @@ def launch_decode(graphed, seqs, uniforms: torch.Tensor, previous: InFlightStep 
         if any(id(s) not in where for s in seqs):
             raise ValueError("an overlapped step may only drop rows of the step in flight, never add one")
         rows = [where[id(s)] for s in seqs]
-    result = graphed.launch(seqs, uniforms, rows, width_caps)
+    result = graphed.launch(seqs, uniforms, rows)
     if graphed.device.type != "cuda":
-        return InFlightStep(list(seqs), result.clone(), None, graphed.replays, width_caps=width_caps)
+        return InFlightStep(list(seqs), result.clone(), None, graphed.replays)
     host = torch.empty(result.shape, dtype=result.dtype, pin_memory=True)
     host.copy_(result, non_blocking=True)
     ready = torch.cuda.Event()
     ready.record()
-    return InFlightStep(list(seqs), host, ready, graphed.replays, width_caps=width_caps, events=graphed.last_events)
+    return InFlightStep(list(seqs), host, ready, graphed.replays, events=graphed.last_events)

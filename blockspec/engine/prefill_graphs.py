@@ -29,6 +29,7 @@ import torch
 from blockspec.batch import StepInputs
 from blockspec.engine.cuda_graphs import capture_graph
 from blockspec.sampling import SamplingTensors, filtered_probs, sample_from_probs
+from blockspec.seeded_sampling import pin_seeded_rows
 
 log = logging.getLogger("blockspec.cuda_graphs")
 
@@ -42,13 +43,23 @@ def prefill_and_sample(runner, proposer, inputs: StepInputs) -> torch.Tensor:
     logits, features, batch, positions = runner.prefill(inputs)
     if proposer is not None:
         proposer.on_prefill(features, batch, positions)
-    return sample_from_probs(filtered_probs(logits, inputs.sampling), inputs.uniforms[:, 0])
+    return sample_after_prefill(logits, inputs)
+
+
+def sample_after_prefill(logits: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
+    """Each row's next token `[B]` from the chunk's last logits `[B, V]` (processed): a draw from
+    the filtered distribution, or a seeded row's race winner at the position after the chunk."""
+    probs = filtered_probs(logits, inputs.sampling)
+    if inputs.race_keys is not None:
+        after = (inputs.prefix_lens + inputs.new_lens)[:, None]
+        probs = pin_seeded_rows(probs[:, None], inputs.race_keys, after)[:, 0]
+    return sample_from_probs(probs, inputs.uniforms[:, 0])
 
 
 @dataclass
 class _PrefillStatic:
-    """One bucket's inputs: ids `[B, W]`, page table `[B, P]`, ints `[4, B]` (prefix, chunk
-    length, top_k, greedy), floats `[4, B]` (uniform, temperature, top_p, min_p); the drawn
+    """One bucket's inputs: ids `[B, W]`, page table `[B, P]`, ints `[5, B]` (prefix, chunk
+    length, top_k, greedy, race key), floats `[4, B]` (uniform, temperature, top_p, min_p); the drawn
     tokens `[B]`."""
 
     input_ids: torch.Tensor
@@ -62,7 +73,7 @@ class _PrefillStatic:
         sampling = SamplingTensors(self.floats[1].float(), self.ints[2], self.floats[2].float(),
                                    self.floats[3].float(), self.ints[3].bool())
         return StepInputs(self.page_table, self.ints[0], self.ints[1], self.input_ids, sampling,
-                          self.floats[:1].t(), page_size, [])
+                          self.floats[:1].t(), page_size, [], race_keys=self.ints[4])
 
 
 class GraphedPrefill:
@@ -78,7 +89,7 @@ class GraphedPrefill:
 
     def _buffers(self, rows: int, width: int) -> _PrefillStatic:
         dev = self.device
-        ints = torch.zeros(4, rows, dtype=torch.long, device=dev)
+        ints = torch.zeros(5, rows, dtype=torch.long, device=dev)
         ints[1] = 1                                   # padding rows: one token at position 0
         floats = torch.zeros(4, rows, dtype=torch.float64, device=dev)
         floats[1:3] = 1.0                             # temperature, top_p
@@ -124,8 +135,9 @@ class GraphedPrefill:
         st.page_table.zero_()
         st.page_table[:B, :P].copy_(inputs.page_table)
         s = inputs.sampling
-        st.ints[:, :B].copy_(torch.stack([inputs.prefix_lens, inputs.new_lens, s.top_k, s.greedy.long()]))
-        st.ints[:, B:] = st.ints.new_tensor([0, 1, 0, 0])[:, None]
+        st.ints[:, :B].copy_(torch.stack([inputs.prefix_lens, inputs.new_lens, s.top_k, s.greedy.long(),
+                                          inputs.race_keys]))
+        st.ints[:, B:] = st.ints.new_tensor([0, 1, 0, 0, 0])[:, None]
         st.floats[:, :B].copy_(torch.stack([inputs.uniforms[:, 0].double(), s.temperature.double(),
                                             s.top_p.double(), s.min_p.double()]))
         if st.graph is not None:

@@ -17,13 +17,9 @@ that decode plainly in one verify — for an engine whose verify cost follows th
 
 Lossless: the width is chosen before the step from past steps only (timings and accept counts
 of steps already committed); this step's target output is never read to pick it, and every
-verifier is exact for any tree it is given (`SpeculativeStep.draft`). A seeded sampled request
-draws the same uniforms per step whatever the width, but which tokens those uniforms produce
-depends on the width, so a width chosen from the batch and from timings would keep its
-*distribution* exact but not repeat its stream. A seeded sampled row therefore gets its own
-width from its own history alone (`engine/seeded_widths.py`), as a cap inside the batch's verify
-(`step_caps`): the step runs the widest of those and the policy's choice for the other rows, and
-a seed reproduces its stream alone or batched, as OpenAI's `seed` promises (docs/adaptive.md).
+verifier is exact for any tree it is given (`SpeculativeStep.draft`). Seeds: a seeded sampled
+row's tokens do not depend on the width at all (it samples by the exponential race,
+`blockspec/seeded_sampling.py`), so its stream repeats whatever this policy chooses.
 
 Exploration: a bucket's first steps time every candidate width (lazily, each `min_samples`
 times after the warm-up, widest first). Then two kinds of probe, both cheap:
@@ -52,7 +48,6 @@ from collections import Counter
 
 from blockspec.engine.acceptance import AcceptanceModel, temperature_class
 from blockspec.engine.config import SPEC_POLICIES
-from blockspec.engine.seeded_widths import SeededWidths
 from blockspec.engine.sequence import Status
 from blockspec.engine.step_cost import StepCostModel, best_width
 
@@ -93,10 +88,6 @@ class SpecPolicy:
         self.widths = candidate_widths(full_width) if mode == "adaptive" else [full_width]
         self.cost = StepCostModel(buckets, sorted(set(self.widths) | {1}), discard=1, min_samples=2)
         self.acceptance = AcceptanceModel(self.widths)
-        self.seeded = SeededWidths(self.widths)
-        # The last `choose`'s per-row caps (seeded sampled rows narrower than the step; 0 = the
-        # step's width), None when no row is capped: the engine packs them into the step.
-        self.step_caps: list[int] | None = None
         self.min_probe, self.max_probe = probe_interval, max_probe_interval
         self.probe_interval, self._since_probe, self._before_probe = probe_interval, 0, None
         self._probes = 0                           # cost probes run: which candidate the next one times
@@ -110,24 +101,16 @@ class SpecPolicy:
         return config_name(width, self.builds_trees)
 
     def choose(self, seqs) -> int:
-        """This step's width, from the past only; seeded sampled rows' own widths in `step_caps`."""
-        self.step_caps = None
+        """This step's width, from the past only."""
         if self.mode == "static":
             return self.full_width
         start = time.perf_counter()
-        own = [self.seeded.next_width(s.request_id) if s.params.seed is not None and not s.params.greedy else None
-               for s in seqs]
-        free = [s for s, w in zip(seqs, own) if w is None]
-        width = self._choose(len(seqs), free) if free else 1
-        if len(free) < len(seqs):
-            width = max(width, *(w for w in own if w is not None))
-            caps = [0 if w is None or w == width else w for w in own]
-            self.step_caps = caps if any(caps) else None
+        width = self._choose(seqs)
         self.host_seconds += time.perf_counter() - start
         return width
 
-    def _choose(self, B: int, seqs) -> int:
-        """The width for `seqs` (the rows free to take any) in a step of `B` rows."""
+    def _choose(self, seqs) -> int:
+        B = len(seqs)
         todo = self.cost.unmeasured(B)
         if todo:
             return todo[-1]                       # time the bucket's widths, widest first
@@ -156,10 +139,8 @@ class SpecPolicy:
         return width
 
     def observe(self, seqs, width: int, started: float, step, now: float | None = None,
-                caps: list[int] | None = None, gpu_seconds: float | None = None,
-                waited: float = 0.0, commit_seconds: float = 0.0) -> None:
-        """Learn from a step run at `width` (rows capped by `caps`, the `step_caps` it ran with)
-        that started at `started` (perf_counter), was read at `now` (default: now) and whose
+                gpu_seconds: float | None = None, waited: float = 0.0, commit_seconds: float = 0.0) -> None:
+        """Learn from a step run at `width` that started at `started` (perf_counter), was read at `now` (default: now) and whose
         tokens took the host `commit_seconds` to commit; `step` is its `StepResult` (rows in
         `seqs` order; rows already finished teach nothing: their request is forgotten).
 
@@ -189,12 +170,8 @@ class SpecPolicy:
         for i, s in enumerate(seqs):
             if getattr(s, "status", None) is Status.FINISHED:
                 continue
-            ran = caps[i] if caps and caps[i] else width
-            nodes = step.path_nodes[i] if step.path_nodes is not None else []
-            if s.params.seed is not None and not s.params.greedy:
-                self.seeded.observe(s.request_id, nodes, ran)
             if step.path_nodes is not None:     # plain rows too: their wider widths relax
-                observed.append((s.request_id, temperature_class(s.params), nodes, ran))
+                observed.append((s.request_id, temperature_class(s.params), step.path_nodes[i], width))
         self.acceptance.observe_step(observed)
         bucket = self.cost.bucket_for(len(seqs))
         if bucket not in self.cost.logged and all(t is not None for t in self.cost.table(len(seqs)).values()):
@@ -204,4 +181,3 @@ class SpecPolicy:
 
     def forget(self, request_id: str) -> None:
         self.acceptance.forget(request_id)
-        self.seeded.forget(request_id)

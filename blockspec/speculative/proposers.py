@@ -23,8 +23,9 @@ from blockspec.attention.backend import AttentionBackend
 from blockspec.attention.metadata import AttentionBatch
 from blockspec.batch import StepInputs
 from blockspec.sampling import filtered_probs, sample_from_probs
+from blockspec.seeded_sampling import pin_seeded_rows, race_scores
 from blockspec.speculative.ngram import propose_ngram_batch
-from blockspec.speculative.sampled_tree import fill_with_samples, shape_scores
+from blockspec.speculative.sampled_tree import SHAPE_FLOOR, fill_with_samples, shape_scores
 from blockspec.speculative.tree import DraftTree, build_tree, chain_tree
 
 log = logging.getLogger("blockspec.proposers")
@@ -157,6 +158,9 @@ class DFlashProposer(Proposer):
             # (An all-greedy batch takes the argmax chain below: the same drafts as sampling from
             # its point-mass q, verified by the greedy walk without probabilities.)
             q = filtered_probs(logits, inputs.sampling)
+            if inputs.race_keys is not None:
+                # A seeded row drafts the winner of its own race run on q (seeded_sampling.py).
+                pin_seeded_rows(q, inputs.race_keys, self._draft_positions(inputs))
             drafts = sample_from_probs(q, inputs.uniforms[:, :self.max_depth])
             return chain_tree(drafts, inputs.roots), q
         if self.tree_budget is None:
@@ -168,13 +172,24 @@ class DFlashProposer(Proposer):
             return self.sampled_tree(logits, inputs)
         return self.build_tree(torch.log_softmax(logits, -1), self.tree_budget, self.tree_topk, inputs.roots), None
 
+    def _draft_positions(self, inputs: StepInputs) -> torch.Tensor:
+        """`[B, L]` the absolute position of the token each depth drafts (the root sits at prefix_len)."""
+        return inputs.positions(self.max_depth + 1)[:, 1:]
+
     def sampled_tree(self, logits: torch.Tensor, inputs: StepInputs) -> tuple[DraftTree, torch.Tensor]:
-        """DDTree with sampled children for sampled rows (greedy rows keep today's top-k tree),
-        and q filtered exactly as the target's p is (docs/verification.md)."""
+        """DDTree with sampled children for unseeded sampled rows, and q filtered exactly as the
+        target's p is (docs/verification.md). Greedy rows keep today's top-k tree; seeded rows
+        (walked on one-hot targets) a top-k tree in the order of their race on q, whose first
+        child is the race's winner (seeded_sampling.py)."""
         q = filtered_probs(logits, inputs.sampling)
-        sampled_rows = ~inputs.sampling.greedy
-        tree = self.build_tree(shape_scores(logits, q, sampled_rows), self.tree_budget, self.tree_topk, inputs.roots)
-        return fill_with_samples(tree, q, inputs.uniforms[:, :self.max_nodes], sampled_rows), q
+        walked = inputs.walked_rows
+        scores = shape_scores(logits, q, ~walked)
+        if inputs.race_keys is not None:
+            raced = torch.log_softmax(race_scores(q, inputs.race_keys, self._draft_positions(inputs)), -1)
+            seeded = (inputs.race_keys != 0)[:, None, None]
+            scores = torch.where(seeded, raced.clamp(min=SHAPE_FLOOR), scores)
+        tree = self.build_tree(scores, self.tree_budget, self.tree_topk, inputs.roots)
+        return fill_with_samples(tree, q, inputs.uniforms[:, :self.max_nodes], ~walked), q
 
     @torch.inference_mode()
     def on_verify(self, inputs: StepInputs, accept_len: torch.Tensor, path_features: torch.Tensor) -> None:

@@ -16,6 +16,7 @@ from blockspec.batch import StepInputs
 from blockspec.speculative.logits_processing import VerifyPositions, process_logits
 from blockspec.logprobs import TokenLogprob, pack_logprobs, path_logprobs, unpack_logprobs
 from blockspec.sampling import filtered_probs
+from blockspec.seeded_sampling import pin_seeded_rows
 from blockspec.speculative.tree import DraftTree, accepted_kv_indices, chain_tree, truncate_tree
 from blockspec.speculative.verify import (VerifyResult, verify_chain_rejection, verify_tree, verify_tree_greedy,
                                           verify_mixed_tree)
@@ -106,8 +107,8 @@ class SpeculativeStep:
 
     @property
     def uniforms_per_row(self) -> int:
-        """Every request draws this many uniforms per step, whatever is accepted, so a seeded
-        request's stream does not depend on acceptance. Target-only verification uses one per
+        """Every request draws this many uniforms per step, whatever is accepted (fixed shapes:
+        the step is one capturable function). Target-only verification uses one per
         depth (L + 1); rejection sampling of a chain [draft L | accept L | residual L + 1]; of
         a sampled tree of N nodes [draw N | accept N | bonus 1]."""
         if self.sampled_trees:
@@ -118,7 +119,8 @@ class SpeculativeStep:
     def plain_uniform(self) -> int:
         """The uniform a row with no drafts draws its token with: where its bonus is in the
         layout (`uniforms_per_row`) — the residual at position 0 of a rejection chain, the
-        bonus of a sampled tree, depth 0's of a target-only walk."""
+        bonus of a sampled tree, depth 0's of a target-only walk. (Any unused uniform would do:
+        the layout stays that of the full width, so no offset moves with the chosen width.)"""
         if self.sampled_trees:
             return 2 * self.proposer.max_nodes
         return 2 * self.max_depth if self.rejection else 0
@@ -149,11 +151,6 @@ class SpeculativeStep:
             return _roots_only(inputs), None
         tree, draft_probs = self.proposer.propose(inputs.seqs, inputs)
         tree = tree.to(inputs.device)
-        if row_widths is None and inputs.width_caps is not None and not inputs.all_greedy:
-            # Seeded sampled rows' own widths (engine/spec_policy.py); only sampled steps carry
-            # them, so all-greedy steps (their own graphs) pay nothing for the cut.
-            full = min(width or tree.width, tree.width)
-            row_widths = torch.where(inputs.width_caps > 0, inputs.width_caps.clamp(max=full), full)
         if (width is not None and width < tree.width) or row_widths is not None:
             tree = truncate_tree(tree, min(width or tree.width, tree.width), row_widths)
         return tree, draft_probs
@@ -207,8 +204,12 @@ class SpeculativeStep:
             # known on the host, so a graph is captured for each case).
             result = verify_tree_greedy(logits.argmax(-1), tree.tokens, tree.parents, self.max_depth, tree.is_chain)
         else:
-            result = self.verify(filtered_probs(logits, inputs.sampling), tree, draft_probs, inputs.uniforms,
-                                 inputs.sampling.greedy)
+            probs = filtered_probs(logits, inputs.sampling)
+            if inputs.race_keys is not None:
+                # Seeded rows: p pinned to the race winner of the position each node predicts,
+                # so every verifier commits what seeded plain decoding would (seeded_sampling.py).
+                pin_seeded_rows(probs, inputs.race_keys, inputs.prefix_lens[:, None] + tree.depths + 1)
+            result = self.verify(probs, tree, draft_probs, inputs.uniforms, inputs.walked_rows)
         if inputs.num_logprobs is not None:
             result.logprobs = path_logprobs(raw_logits, result.path, result.committed, inputs.num_logprobs)
         src, keep = accepted_kv_indices(result.path, result.accept_len)
@@ -228,8 +229,7 @@ class SpeculativeStep:
         rejection sampling of a tree sampled from q with greedy rows walked (docs/verification.md)."""
         if tree.width == 1:
             # Plain decoding (the adaptive policy's width 1): no drafts, one draw from p, with the
-            # uniform a row without drafts uses inside a wider verify (`plain_uniform`), so a row's
-            # token does not depend on whether its batch speculated.
+            # uniform a row without drafts uses inside a wider verify (`plain_uniform`).
             return verify_tree(probs, tree.tokens, tree.parents, uniforms[:, self.plain_uniform:])
         if self.sampled_trees:
             if draft_probs is None:

@@ -320,8 +320,9 @@ def verify_mixed_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tre
     [draw N | accept N | bonus 1] (the draws were the proposer's). Both rules run on every
     row (fixed shapes); each row keeps its own rule's result. `layout_nodes` (default the
     tree's N) is the N of the uniforms' layout: a tree cut to fewer nodes (adaptive widths)
-    reads its accept and bonus uniforms where the full tree's are, so which uniform a node uses
-    never depends on the width chosen.
+    reads its accept and bonus uniforms where the full tree's are, never among the draws.
+    Greedy rows and seeded rows (p pinned to its race winner: blockspec/seeded_sampling.py) are
+    the walked rows.
     """
     num_nodes = tree.width - 1
     n = num_nodes if layout_nodes is None else layout_nodes

@@ -1,7 +1,8 @@
 """`blockspec check lossless`: a statistical test that speculative sampling is the target's law.
 
-For each sampling setting, `num_samples` seeded speculative requests generate `num_tokens`
-tokens after one prompt. When vocab^num_tokens is small enough the target's joint law of those
+For each sampling setting, `num_samples` unseeded speculative requests (the engine's own
+generator, so the verifier named by `verify` decides every token: seeded requests sample by the
+exponential race, blockspec/seeded_sampling.py) generate `num_tokens` tokens after one prompt. When vocab^num_tokens is small enough the target's joint law of those
 tokens is enumerated exactly from transformers' forward (an implementation independent of the
 engine) and the samples get a chi-square goodness-of-fit test; otherwise the speculative
 samples are compared with plain samples of the same target (`LLM(model)`, seeds offset so the
@@ -193,9 +194,9 @@ class _Checker:
                              time.perf_counter() - start)
 
     def _spec_samples(self, setting: SamplingParams):
-        """Seeded speculative requests (seeds 0 … N−1), whole outputs kept for their metrics."""
+        """Unseeded speculative requests (module docstring), whole outputs kept for their metrics."""
         fields = {k: getattr(setting, k) for k in ("temperature", "top_p", "top_k", "min_p")}
-        plist = [SamplingParams(**fields, max_tokens=self.config.num_tokens, ignore_eos=True, seed=i)
+        plist = [SamplingParams(**fields, max_tokens=self.config.num_tokens, ignore_eos=True)
                  for i in range(self.config.num_samples)]
         return self.spec_llm.generate([self.prompt] * self.config.num_samples, plist)
 

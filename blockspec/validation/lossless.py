@@ -109,13 +109,15 @@ def chi_square_two_sample(a: list[tuple[int, ...]], b: list[tuple[int, ...]], mi
 
 
 def sample_continuations(llm, prompt: list[int], params: SamplingParams, num_samples: int,
-                         num_tokens: int, seed_offset: int = 0) -> list[tuple[int, ...]]:
-    """The first `num_tokens` tokens of `num_samples` seeded requests (seeds offset + i).
+                         num_tokens: int, seed_offset: int = 0, seeded: bool = True) -> list[tuple[int, ...]]:
+    """The first `num_tokens` tokens of `num_samples` seeded requests (seeds offset + i), or of
+    unseeded ones (`seeded=False`: the engine's own generator; seeded requests sample by the
+    exponential race, unseeded ones through the verifiers' uniforms — blockspec/seeded_sampling.py).
 
     `llm` may be built with `detokenize=False`: only token ids are compared.
     """
     fields = {k: getattr(params, k) for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                                               "frequency_penalty", "repetition_penalty", "logit_bias")}
-    plist = [SamplingParams(**fields, max_tokens=num_tokens, ignore_eos=True, seed=seed_offset + i)
+    plist = [SamplingParams(**fields, max_tokens=num_tokens, ignore_eos=True, seed=seed_offset + i if seeded else None)
              for i in range(num_samples)]
     return [tuple(o.token_ids[:num_tokens]) for o in llm.generate([prompt] * num_samples, plist)]

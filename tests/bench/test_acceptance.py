@@ -30,7 +30,7 @@ def test_records_per_snapshot_dataset_and_temperature(qwen3_dir, drafters, tmp_p
     assert [(r["step"], r["dataset"], r["temperature"]) for r in doc["records"]] == [
         (100, "humaneval", 0.0), (100, "humaneval", 1.0), (200, "humaneval", 0.0), (200, "humaneval", 1.0)]
     for r in doc["records"]:
-        assert r["num_prompts"] == 2 and r["output_tokens"] == 12
+        assert r["num_prompts"] == 2 and 2 <= r["output_tokens"] <= 12     # unseeded: an EOS may come early
         assert r["drafted_tokens"] == r["verify_steps"] * (BLOCK_SIZE - 1)
         rates = r["acceptance_per_position"]
         assert len(rates) == BLOCK_SIZE - 1 and rates == sorted(rates, reverse=True)

@@ -64,34 +64,6 @@ def cycling_widths(monkeypatch) -> None:
     monkeypatch.setattr(SpecPolicy, "choose", choose)
 
 
-def cycling_caps(monkeypatch) -> list:
-    """Adaptive engines whose seeded sampled rows run their own widths as caps inside the step's
-    (engine/seeded_widths.py), each changing every step from counts only, like `cycling_widths`
-    for the other rows. Returns the list of each step's caps (None: no row capped)."""
-    from blockspec.engine.seeded_widths import SeededWidths
-    from blockspec.engine.spec_policy import SpecPolicy
-    seen = []
-
-    def own(self, request_id):
-        steps = self.__dict__.setdefault("_steps", {})
-        k = steps[request_id] = steps.get(request_id, -1) + 1
-        return self.widths[(int(request_id[1:]) + k) % len(self.widths)]
-
-    def others(self, B, seqs):
-        self._k = getattr(self, "_k", -1) + 1
-        return self.widths[(self._k * 3) % len(self.widths)]
-    real_choose = SpecPolicy.choose
-
-    def choose(self, seqs):
-        width = real_choose(self, seqs)
-        seen.append(self.step_caps)
-        return width
-    monkeypatch.setattr(SeededWidths, "next_width", own)
-    monkeypatch.setattr(SpecPolicy, "_choose", others)
-    monkeypatch.setattr(SpecPolicy, "choose", choose)
-    return seen
-
-
 class GraphSpy:
     """Stands in for an engine's `WidthGraphs`, recording (batch, bucket, all_greedy, width) of
     every graphed step and checking that padding rows point at page 0 only."""

@@ -21,10 +21,10 @@ def launches(monkeypatch):
     seen = {"launched": 0, "over_previous": 0}
     real = engine_module.launch_decode
 
-    def spy(graphed, seqs, uniforms, previous, width_caps=None):
+    def spy(graphed, seqs, uniforms, previous):
         seen["launched"] += 1
         seen["over_previous"] += previous is not None
-        return real(graphed, seqs, uniforms, previous, width_caps)
+        return real(graphed, seqs, uniforms, previous)
 
     monkeypatch.setattr(engine_module, "launch_decode", spy)
     return seen

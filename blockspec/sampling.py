@@ -2,9 +2,10 @@
 
 `filtered_probs` is the single definition of "the distribution a request samples from": plain
 decoding samples from it and the speculative verifier checks drafts against it. Every random
-choice is an inverse-CDF draw from a float64 uniform that the host drew beforehand from the
-request's own generator (`draw_uniforms`), so the device-side functions here are pure, free of
-host synchronisation and safe to capture in a CUDA graph.
+choice is an inverse-CDF draw from a float64 uniform that the host drew beforehand (the engine's
+generator; seeded requests take the exponential race instead, `seeded_sampling`), so the
+device-side functions here are pure, free of host synchronisation and safe to capture in a CUDA
+graph.
 """
 
 from __future__ import annotations
@@ -254,29 +255,3 @@ def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tens
     first_above = (cdf <= threshold).sum(dim=-1)
     last_positive = (cdf < total).sum(dim=-1)
     return torch.minimum(first_above, last_positive)
-
-
-def make_generator(seed: int | None) -> torch.Generator | None:
-    """A CPU generator seeded with `seed`, or None for an unseeded request."""
-    if seed is None:
-        return None
-    generator = torch.Generator(device="cpu")
-    generator.manual_seed(seed)
-    return generator
-
-
-def draw_uniforms(
-    generators: list[torch.Generator | None], n: int, fallback: torch.Generator
-) -> torch.Tensor:
-    """n float64 uniforms in [0, 1) per request -> CPU tensor [B, n].
-
-    Row b comes from `generators[b]` alone (or from `fallback` when it is None), so a seeded
-    request's stream does not depend on which other requests share the batch.
-    """
-    rows = [
-        torch.rand(n, generator=fallback if g is None else g, dtype=torch.float64)
-        for g in generators
-    ]
-    if not rows:
-        return torch.empty(0, n, dtype=torch.float64)
-    return torch.stack(rows)

@@ -11,9 +11,7 @@ import torch
 from blockspec.sampling import (
     SamplingParams,
     SamplingTensors,
-    draw_uniforms,
     filtered_probs,
-    make_generator,
     sample_from_probs,
 )
 
@@ -347,45 +345,6 @@ def test_greedy_sampling_always_takes_argmax():
     probs = filtered_probs(logits, tensors_for(SamplingParams(temperature=0)))[0]
     counts = empirical_counts(probs, seed=5)
     assert counts[logits[0].argmax()] == NUM_DRAWS
-
-
-# ---------------------------------------------------------------------------------------------
-# generators and uniforms
-
-
-def test_make_generator():
-    assert make_generator(None) is None
-    a, b = make_generator(42), make_generator(42)
-    assert torch.equal(torch.rand(5, generator=a), torch.rand(5, generator=b))
-
-
-def test_seeded_rows_do_not_depend_on_the_batch():
-    fallback = torch.Generator().manual_seed(0)
-    alone = draw_uniforms([make_generator(5)], 6, fallback)
-    crowded = draw_uniforms(
-        [make_generator(9), None, make_generator(5), None], 6, torch.Generator().manual_seed(1)
-    )
-    assert alone.dtype == torch.float64 and alone.device.type == "cpu"
-    assert alone.shape == (1, 6) and crowded.shape == (4, 6)
-    assert torch.equal(crowded[2], alone[0])
-    assert not torch.equal(crowded[0], crowded[2])  # other seeds give other streams
-    assert bool(((crowded >= 0) & (crowded < 1)).all())
-
-
-def test_draw_uniforms_follows_each_stream():
-    generator = make_generator(5)
-    fallback = torch.Generator().manual_seed(0)
-    first = draw_uniforms([generator], 3, fallback)
-    second = draw_uniforms([generator], 3, fallback)
-    replay = make_generator(5)
-    assert torch.equal(first[0], torch.rand(3, generator=replay, dtype=torch.float64))
-    assert torch.equal(second[0], torch.rand(3, generator=replay, dtype=torch.float64))
-    # Unseeded rows consume the fallback stream, seeded rows never touch it.
-    fallback_replay = torch.Generator().manual_seed(0)
-    mixed = draw_uniforms([None, make_generator(1), None], 2, torch.Generator().manual_seed(0))
-    assert torch.equal(mixed[0], torch.rand(2, generator=fallback_replay, dtype=torch.float64))
-    assert torch.equal(mixed[2], torch.rand(2, generator=fallback_replay, dtype=torch.float64))
-    assert draw_uniforms([], 4, fallback).shape == (0, 4)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from blockspec.logprobs import pack_logprobs, path_logprobs, unpack_logprobs
 from blockspec.models.loader import parse_device, parse_dtype
 from blockspec.models.registry import load_config
 from blockspec.penalties import PenaltyProcessor
-from blockspec.sampling import SamplingParams, draw_uniforms, make_generator
+from blockspec.sampling import SamplingParams
 from blockspec.speculative.step import SpeculativeStep, StepResult, resolve_verify_rule
 from blockspec.tokenizer import Tokenizer
 
@@ -140,7 +140,7 @@ class Engine:
         self.scheduler = Scheduler(self.allocator, config.max_running_requests, config.max_prefill_tokens, lookahead,
                                    steps_ahead=1 if self.overlap else 0)
         self.in_flight: InFlightStep | None = None
-        self.fallback_generator = torch.Generator().manual_seed(config.seed)
+        self.generator = torch.Generator().manual_seed(config.seed)    # unseeded sampled requests' uniforms
         self.eos_ids = set(self.tokenizer.eos_token_ids) | set(self.model_config.eos_token_ids)
         self._requests: dict[str, _RequestState] = {}
         self._arrivals = 0
@@ -192,7 +192,7 @@ class Engine:
                              f"({self.reserved_lookahead}) "
                              f"does not fit the K/V cache ({capacity} tokens); raise kv_cache_tokens")
         seq = Sequence(request_id, list(prompt_token_ids), params, PageTable(self.allocator.page_size, store=self.page_tables),
-                       make_generator(params.seed), self._arrivals,
+                       self._arrivals,
                        metrics=SpecMetrics(algorithm=self.spec_algorithm, verify=self._verify_label(params)))
         self._arrivals += 1
         if params.stop and not self.config.detokenize:
@@ -337,11 +337,13 @@ class Engine:
         return active_processors(self.logits_processors, seqs), (max(wanted) if wanted else None)
 
     def _uniforms(self, seqs: list[Sequence], n: int, rows: list[bool]) -> torch.Tensor:
-        """Uniforms for this step, drawn from each request's own generator (zeros where unused)."""
+        """This step's uniforms `[B, n]` float64, one draw from the engine's generator for the
+        `rows` that sample through them: unseeded sampled rows. Greedy rows need none and seeded
+        rows take the exponential race (blockspec/seeded_sampling.py): zeros there."""
         out = torch.zeros(len(seqs), n, dtype=torch.float64)
-        idx = [i for i, r in enumerate(rows) if r]
+        idx = [i for i, (s, r) in enumerate(zip(seqs, rows)) if r and not s.params.greedy and s.params.seed is None]
         if idx:
-            out[idx] = draw_uniforms([seqs[i].generator for i in idx], n, self.fallback_generator)
+            out[idx] = torch.rand(len(idx), n, generator=self.generator, dtype=torch.float64)
         return out
 
     # ---- after a step: commit, stop, detokenize ---------------------------------------------

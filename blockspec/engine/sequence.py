@@ -5,8 +5,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-import torch
-
 from blockspec.engine.outputs import SpecMetrics
 from blockspec.kv.allocator import PageTable
 from blockspec.sampling import SamplingParams
@@ -30,7 +28,6 @@ class Sequence:
     prompt_ids: list[int]
     params: SamplingParams
     page_table: PageTable
-    generator: torch.Generator | None
     arrival: int
     tokens: list[int] = field(default_factory=list)
     num_cached: int = 0

@@ -230,7 +230,7 @@ class SpeculativeStep:
         if tree.width == 1:
             # Plain decoding (the adaptive policy's width 1): no drafts, one draw from p, with the
             # uniform a row without drafts uses inside a wider verify (`plain_uniform`).
-            return verify_tree(probs, tree.tokens, tree.parents, uniforms[:, self.plain_uniform:])
+            return verify_tree(probs, tree.tokens, tree.parents, uniforms[:, self.plain_uniform:self.plain_uniform + 1])
         if self.sampled_trees:
             if draft_probs is None:
                 # Sampled rows' children came from q: without it they cannot be verified, and

@@ -22,7 +22,7 @@ PAGE = 4
 
 def make_seq(i: int, prompt_len: int, max_tokens: int = 8) -> Sequence:
     return Sequence(f"r{i}", list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens),
-                    PageTable(PAGE), None, arrival=i)
+                    PageTable(PAGE), arrival=i)
 
 
 def make_sched(num_pages: int, *, max_running: int = 8, max_prefill: int = 64, lookahead: int = 1):

@@ -86,8 +86,15 @@ def test_seeded_engine_sampling_matches_exact_law(tiny_vocab_dir, drafter, laws,
 
 
 def test_negative_control_seeded_engine_with_shared_noise_fails(tiny_vocab_dir, drafter, laws, monkeypatch):  # noqa: F811
-    real = race._position_states
-    monkeypatch.setattr(race, "_position_states", lambda keys, positions: real(keys, torch.zeros_like(positions)))
+    """Every position's race run with position 0's noise, at the call sites (so the kernel on
+    CUDA and the torch path on a CPU both see it)."""
+    import blockspec.engine.prefill_graphs as prefill_module
+    import blockspec.speculative.proposers as proposers_module
+    import blockspec.speculative.step as step_module
+    for module in (step_module, proposers_module, prefill_module):
+        real = module.pin_seeded_rows
+        monkeypatch.setattr(module, "pin_seeded_rows",
+                            lambda probs, keys, positions, real=real: real(probs, keys, torch.zeros_like(positions)))
     llm = exact_law_llm(tiny_vocab_dir, 24, spec="dflash", draft_model=drafter, block_size=4, spec_verify="rejection")
     assert law_fit(llm, laws, "t1", seeded=True).p_value < ALPHA
 

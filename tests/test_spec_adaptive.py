@@ -48,9 +48,9 @@ def test_policy_picks_plain_for_an_adversary_and_the_full_block_for_an_oracle(qw
     (a shared CPU's timings are too noisy for a test; the policy's timing is unit-tested)."""
     real_observe = SpecPolicy.observe
 
-    def observe(self, seqs, width, started, step, now=None, **timings):
-        real_observe(self, seqs, width, started, step, now=started + 0.01 * (1 + 0.1 * width))
-        self._last_done = None                 # synthetic times: each step from its own start
+    def observe(self, seqs, width, step, now=None):
+        self.clock = getattr(self, "clock", 0.0) + 0.01 * (1 + 0.1 * width)
+        real_observe(self, seqs, width, step, now=self.clock)
     monkeypatch.setattr(SpecPolicy, "observe", observe)
     prompts, expected = long_plain
     drafter = proposer({tuple(p): e for p, e in zip(prompts, expected)}, 7)
@@ -132,3 +132,26 @@ def test_eager_steps_run_the_chosen_width(qwen3_dir, tmp_path, spec, monkeypatch
                                                                      ignore_eos=True))[0]
     assert out.metrics.drafted_tokens == 3 * out.metrics.verify_steps       # width 4: three draft nodes
     assert out.metrics.accept_length <= 4
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_narrow_step_walks_only_its_own_levels(qwen3_dir, tmp_path, temperature, monkeypatch):
+    """A step cut to width w verifies w − 1 levels, not the method's full depth: a plain step and
+    a 2-wide chain of a 6-block drafter once walked all 6 levels (each level a pass over the
+    vocabulary, so on the H100 the policy timed plain and narrow chains above the full block)."""
+    walked = []
+    for name in ("verify_tree", "verify_tree_greedy"):
+        real = getattr(step_module, name)
+
+        def spy(*args, real=real, name=name):
+            result = real(*args)
+            walked.append(result.committed.shape[1] - 1)
+            return result
+        monkeypatch.setattr(step_module, name, spy)
+    drafter = write_dflash_drafter(tmp_path / "drafter", qwen3_dir, block_size=6)
+    widths = itertools.cycle([1, 2])
+    monkeypatch.setattr(SpecPolicy, "choose", lambda self, seqs: next(widths))
+    llm = LLM(model=qwen3_dir, spec="dflash", draft_model=str(drafter), spec_verify="target-only")
+    llm.generate(prompts_for(512, [9], seed=4), SamplingParams(temperature=temperature, max_tokens=12,
+                                                               ignore_eos=True))
+    assert walked and set(walked) == {0, 1}

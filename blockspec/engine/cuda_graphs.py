@@ -85,17 +85,10 @@ class GraphedStep:
         self.carry = share.carry if share else torch.zeros(2, self.buckets[-1], dtype=torch.long, device=device)
         self.pool = share.pool if share else None
         self._replays = share._replays if share else [0]  # steps run, so an overlapped step can check its carry
-        # CUDA events around the last replay (any width): its GPU time, for the adaptive policy.
-        self._events = share._events if share else [None]
 
     @property
     def replays(self) -> int:
         return self._replays[0]
-
-    @property
-    def last_events(self) -> "tuple[torch.cuda.Event, torch.cuda.Event] | None":
-        """(began, ended) around the last replay of any width sharing this set; None on a CPU."""
-        return self._events[0]
 
     def _buffers(self, bs: int, all_greedy: bool) -> _Static:
         dev, W = self.device, self.width
@@ -143,11 +136,7 @@ class GraphedStep:
     def _replay(self, st: _Static, bs: int) -> None:
         self._replays[0] += 1
         if st.graph is not None:
-            began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            began.record()
             st.graph.replay()
-            ended.record()
-            self._events[0] = (began, ended)
         else:
             st.outputs = self._step(st, bs)
 

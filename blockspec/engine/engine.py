@@ -8,7 +8,6 @@ happens on the host after a step: committing tokens, stops, detokenization.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -256,6 +255,8 @@ class Engine:
             tokens, logprobs = drawn.tolist(), [None] * len(seqs)
         for s, n in zip(seqs, chunk_lens):
             s.num_cached += n
+        if self.policy:     # the next decode step's interval holds this prefill: not a step cost
+            self.policy.interrupt()
         return [self._commit(self._requests[s.request_id], [t], lps)
                 for s, t, lps, do in zip(seqs, tokens, logprobs, samples) if do]
 
@@ -285,21 +286,19 @@ class Engine:
         # The graphs carry no processor or logprob state (StepInputs.needs_eager).
         graphable = not processors and num_logprobs is None
         width = self.policy.choose(seqs) if self.policy else 1
-        started = time.perf_counter()
         graphed = self.graphed.at(width) if self.graphed is not None else None
         if self.overlap and graphable and self.graphed.can_run(len(seqs)):
             launched = launch_decode(graphed, seqs, uniforms, self.in_flight)
-            launched.width, launched.started = width, started
+            launched.width = width
             outputs = self._finish_in_flight() if self.in_flight is not None else []
             self.in_flight = launched
             return outputs
         inputs = decode_inputs(seqs, uniforms, self.cache.page_size, self.device)
         inputs.processors, inputs.num_logprobs = processors, num_logprobs
         step = self.spec_step.run(self.runner, inputs, graphed, width if self.policy else None)
-        read = time.perf_counter()
         outputs = self._commit_step(seqs, step, width)
         if self.policy:     # after the commit, whose host time is part of the step's cost
-            self.policy.observe(seqs, width, started, step, now=read, commit_seconds=time.perf_counter() - read)
+            self.policy.observe(seqs, width, step)
         return outputs
 
     def _finish_in_flight(self) -> list[StepOutput]:
@@ -307,14 +306,11 @@ class Engine:
         meanwhile are dropped (that request's output is complete)."""
         flight, self.in_flight = self.in_flight, None
         step = flight.result()
-        read = time.perf_counter()
         live = [i for i, s in enumerate(flight.seqs)
                 if (state := self._requests.get(s.request_id)) is not None and state.seq is s]
         outputs = self._commit_step([flight.seqs[i] for i in live], step.rows(live), flight.width)
         if self.policy:     # after the commit, whose host time is part of the step's cost
-            self.policy.observe(flight.seqs, flight.width, flight.started, step, now=read,
-                                gpu_seconds=flight.gpu_seconds(), waited=flight.waited,
-                                commit_seconds=time.perf_counter() - read)
+            self.policy.observe(flight.seqs, flight.width, step)
         return outputs
 
     def _commit_step(self, seqs: list[Sequence], step: StepResult, width: int) -> list[StepOutput]:

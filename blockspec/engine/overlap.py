@@ -18,7 +18,6 @@ removals: admissions and prefills, preemption, a batch past the largest graph.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -37,24 +36,12 @@ class InFlightStep:
     ready: "torch.cuda.Event | None"
     replay: int
     width: int = 1           # the verify width it was launched at (engine/spec_policy.py)
-    started: float = 0.0     # perf_counter at its launch
-    events: tuple | None = None   # CUDA events (began, ended) around its replay; None on a CPU
-    waited: float = 0.0      # seconds the host blocked in `result` for it
 
     def result(self) -> StepResult:
         """Wait for the step and read its result (the step's one host synchronisation)."""
         if self.ready is not None:
-            start = time.perf_counter()
             self.ready.synchronize()
-            self.waited = time.perf_counter() - start
         return StepResult.from_rows(self.host.tolist())
-
-    def gpu_seconds(self) -> float | None:
-        """The replay's GPU time (after `result`), or None without CUDA events."""
-        if self.events is None:
-            return None
-        began, ended = self.events
-        return began.elapsed_time(ended) / 1e3
 
 
 def launch_decode(graphed, seqs, uniforms: torch.Tensor, previous: InFlightStep | None) -> InFlightStep:
@@ -76,4 +63,4 @@ def launch_decode(graphed, seqs, uniforms: torch.Tensor, previous: InFlightStep 
     host.copy_(result, non_blocking=True)
     ready = torch.cuda.Event()
     ready.record()
-    return InFlightStep(list(seqs), host, ready, graphed.replays, events=graphed.last_events)
+    return InFlightStep(list(seqs), host, ready, graphed.replays)

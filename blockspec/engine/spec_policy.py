@@ -21,22 +21,26 @@ verifier is exact for any tree it is given (`SpeculativeStep.draft`). Seeds: a s
 row's tokens do not depend on the width at all (it samples by the exponential race,
 `blockspec/seeded_sampling.py`), so its stream repeats whatever this policy chooses.
 
-Exploration: a bucket's first steps time every candidate width (lazily, each `min_samples`
-times after the warm-up, widest first). Then two kinds of probe, both cheap:
+Exploration: a bucket's first steps time every candidate width (lazily, widest first, each
+until it holds `min_samples` timings). Then two kinds of probe, both cheap:
 - acceptance: while the choice is narrower than the full width, every `probe_interval` steps
   (doubling, up to `max_probe_interval`, while probes change nothing; further apart where a
   full-width step costs so much more that probes would add over `PROBE_BUDGET`) one step runs the full
   width, which observes every draft position (a plain step observes none), so a request whose
   drafts turn good again is noticed; at the full width every step observes everything;
 - cost: every `retime_interval` steps (or further apart, by the same budget, for a dearer width)
-  one step runs another candidate in turn, so one unlucky timing cannot lock a width out.
-  Rare, because overlapped steps are timed from the GPU's own events (`observe`), not from
-  host clocks that a pipeline blurs.
+  two steps run another candidate in turn (the second is timed, below), so one unlucky timing
+  cannot lock a width out.
 
-Timing: a synchronous step costs its wall time. An overlapped step (launched before the one
-before it is read) costs max(the host's own time per step, the step's GPU time): the pipeline
-runs at the slower of the two. Wall time between reads would charge a step for whatever its
-neighbours did (bench/results/gpu_session_e: plain timed slower than a 16-wide chain).
+Timing: a step costs the time from the end of the previous step's commit to the end of its own
+— counted only when the previous step ran at the same width and batch bucket with nothing in
+between (a prefill calls `interrupt`). In that steady state the interval is the step's whole
+cost whatever the engine overlaps: the host's launch and commit, and the wait for the GPU. A
+step after a switch is not timed: its interval holds its neighbour's work (an overlapped
+interval holds the previous step's commit and the next one's launch). Modelling the pieces
+instead (host time less the neighbours' commits, against CUDA-event GPU times) mistimed every
+width that ran as a lone step between other widths (bench/results/gpu_session_f: a 2-wide chain
+timed above the 16-wide one, plain above both, in one engine).
 """
 
 from __future__ import annotations
@@ -92,10 +96,10 @@ class SpecPolicy:
         self.probe_interval, self._since_probe, self._before_probe = probe_interval, 0, None
         self._probes = 0                           # cost probes run: which candidate the next one times
         self.retime_interval, self._steps = retime_interval, 0
+        self._retiming: tuple[int, int] | None = None   # (width, steps left) of a cost re-timing
         self.choices: Counter = Counter()         # config name → steps (logged with the cost table)
         self.host_seconds = 0.0                   # the policy's own time (choose + observe)
-        self._last_done: float | None = None
-        self._last_commit = 0.0                   # the last observed step's commit seconds
+        self._last: tuple[float, tuple[int, int]] | None = None   # (time, (bucket, width)) of the last step
 
     def name(self, width: int) -> str:
         return config_name(width, self.builds_trees)
@@ -114,6 +118,10 @@ class SpecPolicy:
         todo = self.cost.unmeasured(B)
         if todo:
             return todo[-1]                       # time the bucket's widths, widest first
+        if self._retiming is not None:            # a re-timing's second step (the timed one)
+            width, left = self._retiming
+            self._retiming = (width, left - 1) if left > 1 else None
+            return width
         costs = {w: self.cost.estimate(B, w) for w in self.widths}
         width = best_width(self.acceptance.expected_totals([(s.request_id, temperature_class(s.params)) for s in seqs]),
                            costs)
@@ -125,8 +133,8 @@ class SpecPolicy:
         if others:
             # The next width to re-time, in turn; a dear one waits longer (the same budget).
             other = others[self._probes % len(others)]
-            if self._steps >= max(self.retime_interval, probe_spacing(costs[other], costs[width])):
-                self._steps, self._probes = 0, self._probes + 1
+            if self._steps >= max(self.retime_interval, probe_spacing(2 * costs[other], costs[width])):
+                self._steps, self._probes, self._retiming = 0, self._probes + 1, (other, 1)
                 return other
         if width < self.full_width:
             self._since_probe += 1
@@ -138,34 +146,19 @@ class SpecPolicy:
                 return self.full_width
         return width
 
-    def observe(self, seqs, width: int, started: float, step, now: float | None = None,
-                gpu_seconds: float | None = None, waited: float = 0.0, commit_seconds: float = 0.0) -> None:
-        """Learn from a step run at `width` that started at `started` (perf_counter), was read at `now` (default: now) and whose
-        tokens took the host `commit_seconds` to commit; `step` is its `StepResult` (rows in
-        `seqs` order; rows already finished teach nothing: their request is forgotten).
-
-        Synchronous step: it costs now − started + its commit. Overlapped step (`gpu_seconds`,
-        from CUDA events around its replay): the host's own time in the interval since the
-        step before it was read — minus `waited` (blocked reading this one) and minus that
-        step's commit, which the interval holds, plus this step's own — against its GPU time;
-        it costs the larger (module docstring). Without moving each commit to its own step a
-        plain step read after a wide one was charged the wide one's commit."""
+    def observe(self, seqs, width: int, step, now: float | None = None) -> None:
+        """Learn from a step run at `width` whose commit ended at `now` (default: now); `step` is
+        its `StepResult` (rows in `seqs` order; rows already finished teach nothing: their
+        request is forgotten). Its cost is timed only in a steady state (module docstring)."""
         entered = time.perf_counter()
         now = entered if now is None else now
-        previous = self._last_done
-        begin = started if previous is None else max(started, previous)
-        # Launched before the step before it was read: the interval holds that step's commit.
-        holds_previous_commit = previous is not None and previous > started
-        self._last_done = now
-        seconds = now - begin + commit_seconds
-        if gpu_seconds is not None:
-            seconds -= waited + (self._last_commit if holds_previous_commit else 0.0)
-            seconds = max(seconds, gpu_seconds)
-        self._last_commit = commit_seconds
+        key = (self.cost.bucket_for(len(seqs)), width)
+        previous, self._last = self._last, (now, key)
         self.choices[self.name(width)] += 1
         if self.mode == "static":
             return
-        self.cost.observe(len(seqs), width, seconds)
+        if previous is not None and previous[1] == key:
+            self.cost.observe(len(seqs), width, now - previous[0])
         observed = []
         for i, s in enumerate(seqs):
             if getattr(s, "status", None) is Status.FINISHED:
@@ -178,6 +171,10 @@ class SpecPolicy:
             self.cost.logged.add(bucket)
             log.info("%s (policy host time so far %.2f ms)", self.cost.format_table(len(seqs)), self.host_seconds * 1e3)
         self.host_seconds += time.perf_counter() - entered
+
+    def interrupt(self) -> None:
+        """Something other than a decode step ran (a prefill): the next step is not timed."""
+        self._last = None
 
     def forget(self, request_id: str) -> None:
         self.acceptance.forget(request_id)

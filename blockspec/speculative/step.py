@@ -202,7 +202,8 @@ class SpeculativeStep:
         if inputs.all_greedy and draft_probs is None:
             # No filters, no probabilities: the same walk over the argmax (a batch-wide fact
             # known on the host, so a graph is captured for each case).
-            result = verify_tree_greedy(logits.argmax(-1), tree.tokens, tree.parents, self.max_depth, tree.is_chain)
+            # The tree's own depth: a tree cut to a narrower width (adaptive) walks only its levels.
+            result = verify_tree_greedy(logits.argmax(-1), tree.tokens, tree.parents, tree.max_depth, tree.is_chain)
         else:
             probs = filtered_probs(logits, inputs.sampling)
             if inputs.race_keys is not None:
@@ -236,10 +237,10 @@ class SpeculativeStep:
                 # Sampled rows' children came from q: without it they cannot be verified, and
                 # no q is made up for them.
                 raise ValueError("spec_verify 'rejection' on a tree: the proposer gave no draft distribution q")
-            return verify_mixed_tree(probs, draft_probs, tree, uniforms, greedy_rows, self.max_depth,
+            return verify_mixed_tree(probs, draft_probs, tree, uniforms, greedy_rows, tree.max_depth,
                                      layout_nodes=self.proposer.max_nodes)
         if draft_probs is None:
-            return verify_tree(probs, tree.tokens, tree.parents, uniforms)
+            return verify_tree(probs, tree.tokens, tree.parents, uniforms[:, :tree.max_depth + 1])
         # The uniforms' layout is the full chain's (M = max depth): a shorter chain (adaptive)
         # reads the first L of each part, never the draft part's uniforms.
         L, M = tree.width - 1, self.max_depth

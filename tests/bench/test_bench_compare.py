@@ -45,7 +45,10 @@ def test_compare_static_cli_writes_json_and_plot(qwen3_dir, tmp_path, capsys):
     assert [s["concurrency"] for s in doc["summary"]] == [1, 2]
     assert out.with_suffix(".png").stat().st_size > 0
     # The adaptive policy's timed widths per bucket it ran (ms), beside the statics' tok/s.
-    assert set(doc["cost_tables"]) <= {"1", "2"} and all(t["1"] > 0 for t in doc["cost_tables"].values())
+    # (6 tokens a request: not every width reaches a steady-state timing, engine/spec_policy.py)
+    tables = doc["cost_tables"].values()
+    assert set(doc["cost_tables"]) <= {"1", "2"} and all(v is None or v > 0 for t in tables for v in t.values())
+    assert any(v is not None for t in tables for v in t.values())
     assert "÷ best" in capsys.readouterr().out
 
 

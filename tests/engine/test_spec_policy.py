@@ -125,14 +125,14 @@ def _run_policy(accept_of_width, cost_of_width, steps=120, full=8):
     policy = SpecPolicy("adaptive", full, False, [1, 2, 4])
     seqs = [SimpleNamespace(request_id=f"r{i}", params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))
             for i in range(2)]
-    chosen = []
+    chosen, clock = [], 0.0
     for _ in range(steps):
         w = policy.choose(seqs)
         chosen.append(w)
         acc = accept_of_width(w)
         step = StepResult([[0]] * 2, [acc] * 2, [w - 1] * 2, [list(range(1, acc + 1))] * 2)
-        policy.observe(seqs, w, 0.0, step, now=cost_of_width(w))
-        policy._last_done = None          # steps run back to back, each timed from its own start
+        clock += cost_of_width(w)
+        policy.observe(seqs, w, step, now=clock)
     return chosen
 
 
@@ -151,38 +151,35 @@ def test_probes_are_the_full_width_below_it_and_rare_cost_retimes_at_it():
     adversary = _run_policy(lambda w: 0, lambda w: 0.01 * (1 + 0.1 * w), steps=400)
     oracle = _run_policy(lambda w: w - 1, lambda w: 0.01 * (1 + 0.1 * w), steps=400)
     tail = slice(60, None)
-    # full-width probes, spaced so they add at most PROBE_BUDGET: (1.8 / 1.1 − 1) / 0.03 → every 22 steps
-    assert set(adversary[tail]) - {1, 8} and 340 // 23 <= adversary[tail].count(8) <= 340 // 21 + 1
-    assert len(adversary[tail]) - adversary[tail].count(1) - adversary[tail].count(8) <= 340 // 64 + 1
-    assert len(oracle[tail]) - oracle[tail].count(8) <= 340 // 64 + 1
+    # full-width probes, spaced so they add at most PROBE_BUDGET: (1.8 / 1.1 − 1) / 0.03 → every 22 steps;
+    # a cost re-timing runs two steps (the second is timed), at most one every 64 steps
+    retimes = 2 * (340 // 64 + 1)
+    assert set(adversary[tail]) - {1, 8} and 340 // 23 <= adversary[tail].count(8) <= 340 // 21 + 1 + retimes
+    assert len(adversary[tail]) - adversary[tail].count(1) - adversary[tail].count(8) <= retimes
+    assert len(oracle[tail]) - oracle[tail].count(8) <= retimes
 
 
-def test_overlapped_steps_cost_the_slower_of_host_and_gpu():
-    policy = SpecPolicy("adaptive", 4, False, [1])
-    seqs = [SimpleNamespace(request_id="r", params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
-    step = StepResult([[0]], [0], [0], [[]])
-    samples = {1: [], 4: []}
-    for w, interval, waited, gpu in [(1, 1.0, 0.2, 0.3)] * 4 + [(4, 1.0, 0.1, 2.0)] * 4:
-        policy.observe(seqs, w, 0.0, step, now=interval, gpu_seconds=gpu, waited=waited)
-        policy._last_done = None
-    # plain: host 0.8 s beats its GPU's 0.3; width 4: its GPU's 2.0 s (the pipeline's bottleneck)
-    assert policy.cost.estimate(1, 1) == pytest.approx(0.8) and policy.cost.estimate(1, 4) == pytest.approx(2.0)
-
-
-def test_each_step_is_charged_its_own_commit():
-    """Overlapped: the interval between reading a wide step and reading the plain step after
-    it holds the wide step's commit (many tokens); that time is the wide step's, not plain's."""
-    policy = SpecPolicy("adaptive", 4, False, [1])
-    seqs = [SimpleNamespace(request_id="r", params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
-    step = StepResult([[0]], [0], [0], [[]])
-    t = 0.0
-    for _ in range(4):          # wide: host 0.2 s + its commit 0.5 s; plain: host 0.2 s + commit 0.05 s
-        for w, commit in ((4, 0.5), (1, 0.05)):
-            interval = 0.2 + (0.5 if w == 1 else 0.05)       # the previous step's commit is in it
-            t += interval
-            policy.observe(seqs, w, t - interval - 0.1, step, now=t, gpu_seconds=0.01, commit_seconds=commit)
-            t += 0.0
-    assert policy.cost.estimate(1, 4) == pytest.approx(0.7) and policy.cost.estimate(1, 1) == pytest.approx(0.25)
+def test_a_step_is_timed_only_after_a_step_of_the_same_width_and_bucket():
+    """The interval between the ends of two steps is the second's cost only in a steady state:
+    after a switch it holds the neighbour's work (an overlapped interval: the previous step's
+    commit and the next one's launch), and across a prefill the prefill."""
+    policy = SpecPolicy("adaptive", 4, False, [1, 2])
+    policy.cost.discard = 0
+    one = [SimpleNamespace(request_id="r", params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
+    two = one + [SimpleNamespace(request_id="s", params=one[0].params)]
+    clock = 0.0
+    # (rows, width, seconds since the last step ended); None: a prefill ran just before
+    for seqs, w, dt in [(one, 1, 9.0), (one, 1, 0.5), (one, 1, 0.5), (one, 4, 7.0), (one, 4, 2.0), (one, 4, 2.0),
+                        (one, 1, 6.0), (two, 1, 8.0), (two, 1, 0.75), (None, None, None), (two, 1, 5.0),
+                        (two, 1, 0.75)]:
+        if seqs is None:
+            policy.interrupt()
+            continue
+        clock += dt
+        policy.observe(seqs, w, StepResult([[0]] * len(seqs), [0] * len(seqs), [0] * len(seqs), [[]] * len(seqs)),
+                       now=clock)
+    assert list(policy.cost._samples[1, 1]) == [0.5, 0.5] and list(policy.cost._samples[1, 4]) == [2.0, 2.0]
+    assert list(policy.cost._samples[2, 1]) == [0.75, 0.75]      # not the 8 s switch, nor the 5 s prefill
 
 
 def test_static_policy_always_runs_the_full_width():

@@ -59,9 +59,14 @@ def test_policy_picks_plain_for_an_adversary_and_the_full_block_for_an_oracle(qw
     assert [o.token_ids for o in outs] == expected
     counts = _configurations(outs)
     steps = sum(counts.values())
-    # The widths are timed first (3 steps each), probes re-time the others: the favourite dominates.
+    # Widths are timed first, narrowest first (3 steps each), probes re-time the others: the favourite
+    # dominates. The oracle's every width can win, so each is timed; the adversary's rejected drafts
+    # make the wider ones lose even at a narrower one's cost, so timing stops early.
     assert counts.get(favourite, 0) >= 0.6 * steps, counts
-    assert all(n >= 2 * 3 for n in counts.values()), counts       # every width was timed (2 rows × 3 steps)
+    if favourite != "plain":
+        assert all(n >= 2 * 3 for n in counts.values()), counts   # (2 rows × 3 steps)
+    else:
+        assert counts["tree7"] < counts["plain"] / 5, counts
     assert set(counts) <= {"plain", "tree1", "tree3", "tree7"}   # the test proposers do not promise chains
 
 

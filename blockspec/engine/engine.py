@@ -322,7 +322,6 @@ class Engine:
             if self.proposer:
                 # Committed = what was kept: a stop or max_tokens may cut the block short.
                 s.metrics.record_step(drafted, accepted, len(out.new_token_ids), self.policy.name(width))
-                out.metrics = s.metrics.snapshot()
             outputs.append(out)
         return outputs
 
@@ -391,4 +390,4 @@ class Engine:
             k = params.logprobs
             kept_logprobs = [replace(lp, top=lp.top[:k]) for lp in logprobs[:len(new_ids)]]
         return StepOutput(seq.request_id, new_ids, new_text, reason is not None, reason,
-                          seq.num_prompt, seq.num_output, seq.metrics.snapshot(), kept_logprobs)
+                          seq.num_prompt, seq.num_output, seq.metrics, kept_logprobs)

@@ -93,6 +93,9 @@ class StepOutput:
     finish_reason: str | None  # "stop" | "length" | "abort" | None
     num_prompt_tokens: int
     num_output_tokens: int
+    # The request's own metrics object, updated by later steps until the request finishes (then
+    # final): read it during the step, or copy it (`snapshot`) to keep it. Not copied per step:
+    # at 64 rows two copies a row cost ≈ 0.2 ms of a 2–4 ms step.
     metrics: SpecMetrics
     logprobs: list[TokenLogprob] | None = None  # one per new token, when the request asked (SamplingParams.logprobs)
 

@@ -21,8 +21,9 @@ verifier is exact for any tree it is given (`SpeculativeStep.draft`). Seeds: a s
 row's tokens do not depend on the width at all (it samples by the exponential race,
 `blockspec/seeded_sampling.py`), so its stream repeats whatever this policy chooses.
 
-Exploration: a bucket's first steps time every candidate width (lazily, widest first, each
-until it holds `min_samples` timings). Then two kinds of probe, both cheap:
+Exploration: a bucket's first steps time the candidate widths (lazily, narrowest first, each
+until it holds `min_samples` timings; one that could not win even at its narrower neighbour's
+cost is skipped: `_costs_or_width_to_time`). Then two kinds of probe, both cheap:
 - acceptance: while the choice is narrower than the full width, every `probe_interval` steps
   (doubling, up to `max_probe_interval`, while probes change nothing; further apart where a
   full-width step costs so much more that probes would add over `PROBE_BUDGET`) one step runs the full
@@ -37,10 +38,10 @@ Timing: a step costs the time from the end of the previous step's commit to the 
 between (a prefill calls `interrupt`). In that steady state the interval is the step's whole
 cost whatever the engine overlaps: the host's launch and commit, and the wait for the GPU. A
 step after a switch is not timed: its interval holds its neighbour's work (an overlapped
-interval holds the previous step's commit and the next one's launch). Modelling the pieces
-instead (host time less the neighbours' commits, against CUDA-event GPU times) mistimed every
-width that ran as a lone step between other widths (bench/results/gpu_session_f: a 2-wide chain
-timed above the 16-wide one, plain above both, in one engine).
+interval holds the previous step's commit and the next one's launch). This replaced a model of
+the pieces (host time less the neighbours' commits, against CUDA-event GPU times): it needs no
+events and no assumption about which work belongs to which step, at the price of a second step
+per re-timing.
 """
 
 from __future__ import annotations
@@ -90,13 +91,15 @@ class SpecPolicy:
             raise ValueError(f"spec_policy must be one of {', '.join(SPEC_POLICIES)}, got {mode!r}")
         self.mode, self.full_width, self.builds_trees = mode, full_width, builds_trees
         self.widths = candidate_widths(full_width) if mode == "adaptive" else [full_width]
-        self.cost = StepCostModel(buckets, sorted(set(self.widths) | {1}), discard=1, min_samples=2)
+        # No sample discarded: a width's first step after a switch is never timed (`observe`),
+        # which is where compiles and first-use allocations land.
+        self.cost = StepCostModel(buckets, sorted(set(self.widths) | {1}), discard=0, min_samples=2)
         self.acceptance = AcceptanceModel(self.widths)
         self.min_probe, self.max_probe = probe_interval, max_probe_interval
         self.probe_interval, self._since_probe, self._before_probe = probe_interval, 0, None
         self._probes = 0                           # cost probes run: which candidate the next one times
         self.retime_interval, self._steps = retime_interval, 0
-        self._retiming: tuple[int, int] | None = None   # (width, steps left) of a cost re-timing
+        self._retime_next: int | None = None      # a cost re-timing's second (timed) step
         self.choices: Counter = Counter()         # config name → steps (logged with the cost table)
         self.host_seconds = 0.0                   # the policy's own time (choose + observe)
         self._last: tuple[float, tuple[int, int]] | None = None   # (time, (bucket, width)) of the last step
@@ -115,16 +118,14 @@ class SpecPolicy:
 
     def _choose(self, seqs) -> int:
         B = len(seqs)
-        todo = self.cost.unmeasured(B)
-        if todo:
-            return todo[-1]                       # time the bucket's widths, widest first
-        if self._retiming is not None:            # a re-timing's second step (the timed one)
-            width, left = self._retiming
-            self._retiming = (width, left - 1) if left > 1 else None
+        totals = self.acceptance.expected_totals([(s.request_id, temperature_class(s.params)) for s in seqs])
+        costs = self._costs_or_width_to_time(B, totals)
+        if isinstance(costs, int):
+            return costs
+        if self._retime_next is not None:         # a re-timing's second step (the timed one)
+            width, self._retime_next = self._retime_next, None
             return width
-        costs = {w: self.cost.estimate(B, w) for w in self.widths}
-        width = best_width(self.acceptance.expected_totals([(s.request_id, temperature_class(s.params)) for s in seqs]),
-                           costs)
+        width = best_width(totals, costs)
         if self._before_probe is not None:        # the step after a probe: did it change anything?
             changed, self._before_probe = width != self._before_probe, None
             self.probe_interval = self.min_probe if changed else min(2 * self.probe_interval, self.max_probe)
@@ -134,7 +135,7 @@ class SpecPolicy:
             # The next width to re-time, in turn; a dear one waits longer (the same budget).
             other = others[self._probes % len(others)]
             if self._steps >= max(self.retime_interval, probe_spacing(2 * costs[other], costs[width])):
-                self._steps, self._probes, self._retiming = 0, self._probes + 1, (other, 1)
+                self._steps, self._probes, self._retime_next = 0, self._probes + 1, other
                 return other
         if width < self.full_width:
             self._since_probe += 1
@@ -145,6 +146,25 @@ class SpecPolicy:
                 self._since_probe, self._before_probe = 0, width
                 return self.full_width
         return width
+
+    def _costs_or_width_to_time(self, B: int, totals: dict[int, float]) -> "dict[int, float] | int":
+        """The bucket's cost per width, or the next width it must time first. Narrowest first,
+        and a width is timed only if it could win: costs grow with the width, so an untimed one
+        costs at least its widest timed narrower one, and if even at that cost its expected
+        tokens lose to the best timed rate it is skipped, that bound standing in for its cost (a
+        cost re-timing reaches it later). On a CPU at T = 1 a 16-wide step costs 8 plain ones at
+        batch 16, and timing every width of a cold bucket took 8 s of a 20 s run."""
+        costs = {w: self.cost.estimate(B, w) for w in self.widths}
+        timed = {w: c for w, c in costs.items() if c is not None}
+        best_rate = max((totals[w] / c for w, c in timed.items()), default=None)
+        for w in self.widths:
+            if costs[w] is not None:
+                continue
+            bound = max((c for v, c in timed.items() if v < w), default=None)
+            if bound is None or best_rate is None or totals[w] / bound > best_rate:
+                return w
+            costs[w] = bound
+        return costs
 
     def observe(self, seqs, width: int, step, now: float | None = None) -> None:
         """Learn from a step run at `width` whose commit ended at `now` (default: now); `step` is

@@ -59,7 +59,7 @@ def test_policy_picks_plain_for_an_adversary_and_the_full_block_for_an_oracle(qw
     assert [o.token_ids for o in outs] == expected
     counts = _configurations(outs)
     steps = sum(counts.values())
-    # Widths are timed first, narrowest first (3 steps each), probes re-time the others: the favourite
+    # Widths are timed first, the full one then narrowest first (3 steps each), probes re-time the others: the favourite
     # dominates. The oracle's every width can win, so each is timed; the adversary's rejected drafts
     # make the wider ones lose even at a narrower one's cost, so timing stops early.
     assert counts.get(favourite, 0) >= 0.6 * steps, counts

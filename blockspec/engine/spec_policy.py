@@ -21,9 +21,9 @@ verifier is exact for any tree it is given (`SpeculativeStep.draft`). Seeds: a s
 row's tokens do not depend on the width at all (it samples by the exponential race,
 `blockspec/seeded_sampling.py`), so its stream repeats whatever this policy chooses.
 
-Exploration: a bucket's first steps time the candidate widths (lazily, narrowest first, each
-until it holds `min_samples` timings; one that could not win even at its narrower neighbour's
-cost is skipped: `_costs_or_width_to_time`). Then two kinds of probe, both cheap:
+Exploration: a bucket's first steps time the candidate widths (lazily, the full width first,
+then narrowest first, each until it holds `min_samples` timings; one that could not win even at
+its narrower neighbour's cost is skipped: `_costs_or_width_to_time`). Then two kinds of probe, both cheap:
 - acceptance: while the choice is narrower than the full width, every `probe_interval` steps
   (doubling, up to `max_probe_interval`, while probes change nothing; further apart where a
   full-width step costs so much more that probes would add over `PROBE_BUDGET`) one step runs the full
@@ -148,13 +148,16 @@ class SpecPolicy:
         return width
 
     def _costs_or_width_to_time(self, B: int, totals: dict[int, float]) -> "dict[int, float] | int":
-        """The bucket's cost per width, or the next width it must time first. Narrowest first,
-        and a width is timed only if it could win: costs grow with the width, so an untimed one
+        """The bucket's cost per width, or the next width it must time first: the full width
+        (its steps observe every draft position, so acceptance is known early), then the others
+        narrowest first, each only if it could win: costs grow with the width, so an untimed one
         costs at least its widest timed narrower one, and if even at that cost its expected
         tokens lose to the best timed rate it is skipped, that bound standing in for its cost (a
         cost re-timing reaches it later). On a CPU at T = 1 a 16-wide step costs 8 plain ones at
         batch 16, and timing every width of a cold bucket took 8 s of a 20 s run."""
         costs = {w: self.cost.estimate(B, w) for w in self.widths}
+        if costs[self.full_width] is None:
+            return self.full_width
         timed = {w: c for w, c in costs.items() if c is not None}
         best_rate = max((totals[w] / c for w, c in timed.items()), default=None)
         for w in self.widths:

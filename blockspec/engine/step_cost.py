@@ -2,14 +2,15 @@
 
 A key is (batch bucket, verify width): the bucket is the CUDA-graph bucket a batch pads to
 (`cuda_graphs.batch_buckets`; on the CPU the same buckets group the batch sizes), the width is
-1 for plain decoding, k for a chain of length k, b + 1 for a tree of budget b. Every decode step
-the engine runs is one observation of its key. The first `discard` observations of a key are
-dropped (Triton compiles, graph warm-up, allocator growth), and the estimate is the lower
-quartile of the last `window` — robust to the stalls (a GC pause, another process on a shared
-CPU) that would drag a mean: such noise only ever adds time. A key is measured once it holds `min_samples`; until then the policy
-runs it (lazily, on first use) so that every number it compares was timed on this machine and
-this model, at this batch bucket (each bucket's first ~3 steps per width; every step it then
-runs refines its figure).
+1 for plain decoding, k for a chain of length k, b + 1 for a tree of budget b. Every timed step
+(the policy times steady-state steps only: `spec_policy.SpecPolicy.observe`) is one observation
+of its key. The first `discard` observations of a key may be dropped (the policy drops none: a
+width's first step after a switch, where compiles and first-use allocations land, is never
+timed), and the estimate is the lower quartile of the last `window` — robust to the stalls (a
+GC pause, another process on a shared CPU) that would drag a mean: such noise only ever adds
+time. A key is measured once it holds `min_samples`; the policy times a bucket's widths on first
+use (lazily) so that every number it compares was timed on this machine and this model, at this
+batch bucket, and every steady step it then runs refines its figure.
 
 The drafter's cost is inside every width ≥ 2 (DFlash drafts its whole block in one pass, whatever
 length the policy keeps); `drafter_seconds` reports it as cost(2) − cost(1).

@@ -213,16 +213,18 @@ def test_engine_config_rejects_an_unknown_policy():
 
 
 def test_a_cold_bucket_skips_widths_that_cannot_win_even_at_a_narrower_cost():
-    """Narrowest first; a width whose expected tokens lose to the best timed rate even at its
-    widest timed narrower width's cost is not timed, and that cost stands in for it."""
+    """The full width first (it observes every draft position), then narrowest first; a width
+    whose expected tokens lose to the best timed rate even at its widest timed narrower width's
+    cost is not timed, and that cost stands in for it."""
     policy = SpecPolicy("adaptive", 8, False, [1, 2])
     seqs = [SimpleNamespace(request_id="r", params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
     policy.acceptance._batch["greedy"] = {1: 0.0, 2: 0.1, 4: 0.15, 8: 0.2}     # drafts mostly rejected
     policy.acceptance._rows["r"] = dict(policy.acceptance._batch["greedy"])
-    for w, cost in ((1, 1.0), (2, 3.0)):
+    assert policy._costs_or_width_to_time(1, {1: 1.0, 2: 1.1, 4: 1.15, 8: 1.2}) == 8
+    for w, cost in ((8, 5.0), (1, 1.0), (2, 3.0)):
         policy.cost._samples[1, w] = __import__("collections").deque([cost] * 2, maxlen=15)
-    # plain 1 token / 1.0 s; width 4 at ≥ 3.0 s could commit 1.15 / 3.0: skipped, and so is 8.
-    assert policy._costs_or_width_to_time(1, {1: 1.0, 2: 1.1, 4: 1.15, 8: 1.2}) == {1: 1.0, 2: 3.0, 4: 3.0, 8: 3.0}
+    # plain 1 token / 1.0 s; width 4 at ≥ 3.0 s could commit 1.15 / 3.0: skipped.
+    assert policy._costs_or_width_to_time(1, {1: 1.0, 2: 1.1, 4: 1.15, 8: 1.2}) == {1: 1.0, 2: 3.0, 4: 3.0, 8: 5.0}
     assert policy.choose(seqs) == 1
-    # An oracle's width 4 could win at 3.0 s (4 tokens): it is timed next.
-    assert policy._costs_or_width_to_time(1, {1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0}) == 4
+    # Drafts that are mostly accepted: width 4 could commit 4 tokens at 3.0 s, beating plain: timed next.
+    assert policy._costs_or_width_to_time(1, {1: 1.0, 2: 2.0, 4: 4.0, 8: 4.5}) == 4

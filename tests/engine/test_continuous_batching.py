@@ -180,7 +180,8 @@ def test_each_request_commits_its_own_number_of_tokens_per_step(qwen3_dir, alone
     specs = [(prompt(8, 10), 0), (prompt(12, 11), 1), (prompt(5, 12), 3)]  # (prompt, right drafts)
     truth = {tuple(p): alone(p, n) for p, _ in specs}
     right = {tuple(p): k for p, k in specs}
-    engine = Engine(EngineConfig(model=qwen3_dir, spec="dflash"), proposer=PartialOracle(truth, right, 4))
+    # Static: the test counts each step's commits at the full width (adaptive widths follow timings).
+    engine = Engine(EngineConfig(model=qwen3_dir, spec="dflash", spec_policy="static"), proposer=PartialOracle(truth, right, 4))
     run = Run(engine)
     for i, (p, _) in enumerate(specs):
         run.add(f"r{i}", p, n)

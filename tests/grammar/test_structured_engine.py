@@ -43,7 +43,9 @@ def engines(qwen3_dir, drafter):
         if mode not in built:
             settings = dict(MODES[mode]) if mode else {}
             if settings.get("spec") in ("dflash", "ddtree"):
-                settings["draft_model"] = drafter
+                # Static: the grammar's cuts are what is under test, at every step (the adaptive
+                # policy parks a random drafter's rows at plain once its drafts are cut or rejected).
+                settings.update(draft_model=drafter, spec_policy="static")
             built[mode] = LLM(model=qwen3_dir, dtype="float32", device="cpu", **settings)
         return built[mode]
     return get

@@ -23,6 +23,8 @@ same bits; the uniform keeps 24 bits, as float32 holds.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -32,6 +34,7 @@ MIX_A, MIX_B = 0x85EBCA6B, 0xC2B2AE35     # murmur3's fmix32 multipliers
 _CHUNK_ELEMENTS = 1 << 22                 # [rows, V] int64 temporaries per torch chunk
 
 
+@functools.lru_cache(maxsize=1 << 16)     # a per-request constant, read every step of every row
 def race_key(seed: int) -> int:
     """A request's race key from its seed: splitmix64, kept to 62 bits and odd (never 0)."""
     z = (int(seed) + 0x9E3779B97F4A7C15) & ((1 << 64) - 1)
@@ -40,10 +43,15 @@ def race_key(seed: int) -> int:
     return ((z ^ (z >> 31)) & ((1 << 62) - 1)) | 1
 
 
+def races(params) -> bool:
+    """Whether a request's `SamplingParams` sample by the race: seeded and not greedy."""
+    return params.seed is not None and not params.greedy
+
+
 def race_key_of(params) -> int:
     """The race key of a request's `SamplingParams`: its seed's for a seeded sampled request,
     0 (the uniform-driven samplers) for greedy or unseeded ones."""
-    return 0 if params.seed is None or params.greedy else race_key(params.seed)
+    return race_key(params.seed) if races(params) else 0
 
 
 def _fmix32(h: torch.Tensor) -> torch.Tensor:
@@ -120,7 +128,7 @@ def _race_kernel(probs_ptr, out_ptr, keys_ptr, pos_ptr, N, V, s_pb, s_pn, s_ob, 
 
 def _launch(probs: torch.Tensor, out: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, scores: bool):
     B, N, V = probs.shape
-    pos = positions.expand(B, N).contiguous()
+    pos = positions.contiguous()
     on_cuda = probs.device.type == "cuda"
     _race_kernel[(B * N,)](probs, out, keys.contiguous(), pos, N, V, probs.stride(0), probs.stride(1),
                            out.stride(0), out.stride(1), SCORES=scores,
@@ -134,6 +142,11 @@ def _check(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor) -> 
                          f"{tuple(keys.shape)}, {tuple(positions.shape)}")
     if probs.stride(-1) != 1:
         raise ValueError("probs must be contiguous in its last dim")
+
+
+def _use_kernel(probs: torch.Tensor, kernel: bool | None) -> bool:
+    """The Triton kernel when asked, else on CUDA; torch otherwise."""
+    return probs.device.type == "cuda" if kernel is None else kernel
 
 
 def race_winners(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -156,7 +169,7 @@ def pin_seeded_rows(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Te
     one-hot p and commits its token (module docstring). Returns `probs`. `kernel`: the Triton
     kernel (default: on CUDA; tests run it under the interpreter) or torch."""
     _check(probs, keys, positions)
-    if probs.device.type == "cuda" if kernel is None else kernel:
+    if _use_kernel(probs, kernel):
         _launch(probs, probs, keys, positions, scores=False)
         return probs
     rows = (keys != 0).nonzero()[:, 0]          # the torch path runs on the CPU: no graph to keep
@@ -173,7 +186,7 @@ def race_scores(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor
     winner; the first k are k draws without replacement from p). `kernel` as `pin_seeded_rows`."""
     _check(probs, keys, positions)
     out = torch.log(probs.float())
-    if probs.device.type == "cuda" if kernel is None else kernel:
+    if _use_kernel(probs, kernel):
         _launch(probs, out, keys, positions, scores=True)
         return out
     for r in (keys != 0).nonzero()[:, 0].tolist():
@@ -181,4 +194,4 @@ def race_scores(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor
     return out
 
 
-__all__ = ["race_key", "race_key_of", "race_noise", "race_winners", "pin_seeded_rows", "race_scores"]
+__all__ = ["race_key", "races", "race_key_of", "race_noise", "race_winners", "pin_seeded_rows", "race_scores"]

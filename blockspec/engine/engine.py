@@ -35,6 +35,7 @@ from blockspec.models.loader import parse_device, parse_dtype
 from blockspec.models.registry import load_config
 from blockspec.penalties import PenaltyProcessor
 from blockspec.sampling import SamplingParams
+from blockspec.seeded_sampling import races
 from blockspec.speculative.step import SpeculativeStep, StepResult, resolve_verify_rule
 from blockspec.tokenizer import Tokenizer
 
@@ -336,7 +337,7 @@ class Engine:
         `rows` that sample through them: unseeded sampled rows. Greedy rows need none and seeded
         rows take the exponential race (blockspec/seeded_sampling.py): zeros there."""
         out = torch.zeros(len(seqs), n, dtype=torch.float64)
-        idx = [i for i, (s, r) in enumerate(zip(seqs, rows)) if r and not s.params.greedy and s.params.seed is None]
+        idx = [i for i, (s, r) in enumerate(zip(seqs, rows)) if r and not s.params.greedy and not races(s.params)]
         if idx:
             out[idx] = torch.rand(len(idx), n, generator=self.generator, dtype=torch.float64)
         return out

@@ -119,9 +119,9 @@ class SpecPolicy:
     def _choose(self, seqs) -> int:
         B = len(seqs)
         totals = self.acceptance.expected_totals([(s.request_id, temperature_class(s.params)) for s in seqs])
-        costs = self._costs_or_width_to_time(B, totals)
-        if isinstance(costs, int):
-            return costs
+        costs, to_time = self._costs_or_width_to_time(B, totals)
+        if to_time is not None:
+            return to_time
         if self._retime_next is not None:         # a re-timing's second step (the timed one)
             width, self._retime_next = self._retime_next, None
             return width
@@ -147,8 +147,9 @@ class SpecPolicy:
                 return self.full_width
         return width
 
-    def _costs_or_width_to_time(self, B: int, totals: dict[int, float]) -> "dict[int, float] | int":
-        """The bucket's cost per width, or the next width it must time first: the full width
+    def _costs_or_width_to_time(self, B: int, totals: dict[int, float]) -> tuple[dict, int | None]:
+        """(the bucket's cost per width, None), or (its partial table, the next width it must
+        time first): the full width
         (its steps observe every draft position, so acceptance is known early), then the others
         narrowest first, each only if it could win: costs grow with the width, so an untimed one
         costs at least its widest timed narrower one, and if even at that cost its expected
@@ -157,7 +158,7 @@ class SpecPolicy:
         batch 16, and timing every width of a cold bucket took 8 s of a 20 s run."""
         costs = {w: self.cost.estimate(B, w) for w in self.widths}
         if costs[self.full_width] is None:
-            return self.full_width
+            return costs, self.full_width
         timed = {w: c for w, c in costs.items() if c is not None}
         best_rate = max((totals[w] / c for w, c in timed.items()), default=None)
         for w in self.widths:
@@ -165,9 +166,9 @@ class SpecPolicy:
                 continue
             bound = max((c for v, c in timed.items() if v < w), default=None)
             if bound is None or best_rate is None or totals[w] / bound > best_rate:
-                return w
+                return costs, w
             costs[w] = bound
-        return costs
+        return costs, None
 
     def observe(self, seqs, width: int, step, now: float | None = None) -> None:
         """Learn from a step run at `width` whose commit ended at `now` (default: now); `step` is
@@ -189,7 +190,7 @@ class SpecPolicy:
             if step.path_nodes is not None:     # plain rows too: their wider widths relax
                 observed.append((s.request_id, temperature_class(s.params), step.path_nodes[i], width))
         self.acceptance.observe_step(observed)
-        bucket = self.cost.bucket_for(len(seqs))
+        bucket = key[0]
         if bucket not in self.cost.logged and all(t is not None for t in self.cost.table(len(seqs)).values()):
             self.cost.logged.add(bucket)
             log.info("%s (policy host time so far %.2f ms)", self.cost.format_table(len(seqs)), self.host_seconds * 1e3)

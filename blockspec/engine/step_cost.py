@@ -82,10 +82,6 @@ class StepCostModel:
         what the policy exists for), so a scaled neighbour's table would keep the wrong width."""
         return self.measured(batch_size, width)
 
-    def unmeasured(self, batch_size: int) -> list[int]:
-        """The candidate widths this batch's bucket has still to time."""
-        return [w for w in self.widths if self.estimate(batch_size, w) is None]
-
     def drafter_seconds(self, batch_size: int) -> float | None:
         """The drafter's share of a step: cost(width 2) − cost(width 1), when both are measured."""
         one, two = self.estimate(batch_size, 1), self.estimate(batch_size, 2)

@@ -2,8 +2,8 @@
 
 For each sampling setting, `num_samples` unseeded speculative requests (the engine's own
 generator, so the verifier named by `verify` decides every token: seeded requests sample by the
-exponential race, blockspec/seeded_sampling.py) generate `num_tokens` tokens after one prompt. When vocab^num_tokens is small enough the target's joint law of those
-tokens is enumerated exactly from transformers' forward (an implementation independent of the
+exponential race, blockspec/seeded_sampling.py) generate `num_tokens` tokens after one prompt.
+When vocab^num_tokens is small enough the target's joint law of those tokens is enumerated exactly from transformers' forward (an implementation independent of the
 engine) and the samples get a chi-square goodness-of-fit test; otherwise the speculative
 samples are compared with plain samples of the same target (`LLM(model)`, seeds offset so the
 samples are independent) by a two-sample chi-square test.

@@ -23,9 +23,9 @@ def test_cost_model_discards_warmup_and_needs_min_samples():
     m = StepCostModel([1, 2, 4], [1, 4], discard=1, min_samples=2, window=3)
     m.observe(3, 4, 9.0)                       # warm-up (compile): dropped
     m.observe(3, 4, 1.0)
-    assert m.estimate(4, 4) is None and m.unmeasured(3) == [1, 4]
+    assert m.estimate(4, 4) is None and [w for w, t in m.table(3).items() if t is None] == [1, 4]
     m.observe(4, 4, 2.0)                       # bucket 4 again
-    assert m.estimate(3, 4) == 1.25 and m.unmeasured(3) == [1]
+    assert m.estimate(3, 4) == 1.25 and [w for w, t in m.table(3).items() if t is None] == [1]
     for t in (5.0, 5.0, 5.0):                  # the window forgets old samples
         m.observe(3, 4, t)
     assert m.estimate(3, 4) == 5.0
@@ -220,11 +220,11 @@ def test_a_cold_bucket_skips_widths_that_cannot_win_even_at_a_narrower_cost():
     seqs = [SimpleNamespace(request_id="r", params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
     policy.acceptance._batch["greedy"] = {1: 0.0, 2: 0.1, 4: 0.15, 8: 0.2}     # drafts mostly rejected
     policy.acceptance._rows["r"] = dict(policy.acceptance._batch["greedy"])
-    assert policy._costs_or_width_to_time(1, {1: 1.0, 2: 1.1, 4: 1.15, 8: 1.2}) == 8
+    assert policy._costs_or_width_to_time(1, {1: 1.0, 2: 1.1, 4: 1.15, 8: 1.2})[1] == 8
     for w, cost in ((8, 5.0), (1, 1.0), (2, 3.0)):
         policy.cost._samples[1, w] = __import__("collections").deque([cost] * 2, maxlen=15)
     # plain 1 token / 1.0 s; width 4 at ≥ 3.0 s could commit 1.15 / 3.0: skipped.
-    assert policy._costs_or_width_to_time(1, {1: 1.0, 2: 1.1, 4: 1.15, 8: 1.2}) == {1: 1.0, 2: 3.0, 4: 3.0, 8: 5.0}
+    assert policy._costs_or_width_to_time(1, {1: 1.0, 2: 1.1, 4: 1.15, 8: 1.2}) == ({1: 1.0, 2: 3.0, 4: 3.0, 8: 5.0}, None)
     assert policy.choose(seqs) == 1
     # Drafts that are mostly accepted: width 4 could commit 4 tokens at 3.0 s, beating plain: timed next.
-    assert policy._costs_or_width_to_time(1, {1: 1.0, 2: 2.0, 4: 4.0, 8: 4.5}) == 4
+    assert policy._costs_or_width_to_time(1, {1: 1.0, 2: 2.0, 4: 4.0, 8: 4.5})[1] == 4

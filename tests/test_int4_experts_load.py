@@ -40,6 +40,8 @@ def test_experts_kept_packed_match_the_dequantised_load(int4_moe_dirs, caplog):
     assert e.gate_up_packed.dtype == e.down_packed.dtype == torch.int32   # memory really packed
     assert e.gate_up_packed.shape == (8, 64, 8) and e.down_packed.shape == (8, 64, 4)
     assert e.gate_up_scale.shape == (8, 64, 2) and e.down_scale.shape == (8, 64, 1)
+    # Stored N-major, the layout the W4A16 kernel reads at the memory's rate.
+    assert all(getattr(e, b).stride(1) == 1 for b in ("gate_up_packed", "gate_up_scale", "down_packed", "down_scale"))
     assert "routed experts: INT4 kept packed in memory (24 tensors" in caplog.text
     assert "24 kept packed" in caplog.text
     with caplog.at_level(logging.INFO, logger="blockspec"):

@@ -109,6 +109,7 @@ def test_int4_linears_keep_weights_packed(quantised_dirs, caplog):
     packed = [m for m in model.modules() if isinstance(m, Int4Linear)]
     assert len(packed) == 3 * model.config.num_layers                # gate, up, down per layer
     assert packed[0].weight_packed.dtype == torch.int32
+    assert all(m.weight_packed.stride(0) == m.weight_scale.stride(0) == 1 for m in packed)   # loaded N-major
     assert "6 kept packed" in caplog.text
     reference = load_target(ref_dir, "float32")
     ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(3))

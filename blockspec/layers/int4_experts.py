@@ -8,6 +8,8 @@ GroupedExperts' own (`moe.swiglu_experts`); only the two products differ. On CUD
 launch of the W4A16 grouped GEMM (`layers/triton_w4a16.py`), with the expert offsets made on
 the device (no host sync: graph-capturable); elsewhere the reference: dequantise to the
 activation dtype, then GroupedExperts' products — what a model loaded dequantised computes.
+The packed buffers are stored N-major (`packed_int.n_major`), the layout the kernel reads at
+the memory's rate; loading converts a checkpoint's K-major tensors.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from torch import nn
 
 from blockspec.config import MoEConfig
 from blockspec.layers.moe import expert_product, grouped_mm_works, swiglu_experts
-from blockspec.layers.packed_int import dequantize_packed, pack_int32, quantize_symmetric
+from blockspec.layers.packed_int import dequantize_packed, load_n_major, n_major, pack_int32, quantize_symmetric
 
 
 class Int4GroupedExperts(nn.Module):
@@ -45,9 +47,11 @@ class Int4GroupedExperts(nn.Module):
         self.gate_up_group = group_size or hidden
         self.down_group = group_size or i
         for name, n, k, group in (("gate_up", 2 * i, hidden, self.gate_up_group), ("down", hidden, i, self.down_group)):
-            self.register_buffer(f"{name}_packed", torch.zeros(e, n, math.ceil(k * num_bits / 32), dtype=torch.int32,
-                                                               device=device))
-            self.register_buffer(f"{name}_scale", torch.ones(e, n, math.ceil(k / group), dtype=dtype, device=device))
+            words = math.ceil(k * num_bits / 32)
+            self.register_buffer(f"{name}_packed", n_major(torch.zeros(e, n, words, dtype=torch.int32, device=device)))
+            self.register_buffer(f"{name}_scale", n_major(torch.ones(e, n, math.ceil(k / group), dtype=dtype,
+                                                                     device=device)))
+        load_n_major(self, "gate_up_packed", "gate_up_scale", "down_packed", "down_scale")
 
     @classmethod
     def from_experts(cls, experts: nn.Module, cfg: MoEConfig, group_size: int | None = 32,

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from blockspec.layers.packed_int import dequantize_packed, pack_int32, quantize_symmetric
+from blockspec.layers.packed_int import dequantize_packed, load_n_major, n_major, pack_int32, quantize_symmetric
 
 
 class Int4Linear(nn.Module):
@@ -31,9 +31,12 @@ class Int4Linear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.group_size, self.num_bits = group_size, num_bits
         words = math.ceil(in_features * num_bits / 32)
-        self.register_buffer("weight_packed", torch.zeros(out_features, words, dtype=torch.int32, device=device))
-        self.register_buffer("weight_scale", torch.ones(out_features, math.ceil(in_features / group_size),
-                                                        dtype=dtype, device=device))
+        # N-major (`packed_int.n_major`): the layout the W4A16 kernel reads at the memory's rate.
+        self.register_buffer("weight_packed", n_major(torch.zeros(out_features, words, dtype=torch.int32,
+                                                                  device=device)))
+        self.register_buffer("weight_scale", n_major(torch.ones(out_features, math.ceil(in_features / group_size),
+                                                                dtype=dtype, device=device)))
+        load_n_major(self, "weight_packed", "weight_scale")
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
 
     @classmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
 
 def pack_int32(values: torch.Tensor, num_bits: int) -> torch.Tensor:
@@ -30,6 +31,25 @@ def unpack_int32(packed: torch.Tensor, num_bits: int, k: int) -> torch.Tensor:
     # `>>` sign-extends a negative word; the mask keeps only the field's bits.
     fields = (packed.unsqueeze(-1) >> shifts) & ((1 << num_bits) - 1)
     return (fields.flatten(-2)[..., :k] - (1 << (num_bits - 1))).to(torch.int8)
+
+
+def n_major(t: torch.Tensor) -> torch.Tensor:
+    """The same `[..., N, W]` values stored with N contiguous (a view of a `[..., W, N]` copy;
+    unchanged when already so): the W4A16 kernel's tiles then read neighbouring output columns
+    from neighbouring words. `Module.to` keeps these strides."""
+    if t.dim() < 2 or t.stride(-2) == 1:
+        return t
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def load_n_major(module: nn.Module, *names: str) -> None:
+    """Have `module.load_state_dict` store its packed buffers `names` N-major (`n_major`)
+    whatever layout the state dict brings (checkpoints are K-major)."""
+    def to_n_major(mod, state_dict, prefix, *_):
+        for name in names:
+            if prefix + name in state_dict:
+                state_dict[prefix + name] = n_major(state_dict[prefix + name])
+    module.register_load_state_dict_pre_hook(to_n_major)
 
 
 def dequantize_packed(packed: torch.Tensor, scale: torch.Tensor, k: int, group_size: int,

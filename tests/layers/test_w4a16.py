@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from blockspec.layers.int4_linear import Int4Linear
-from blockspec.layers.packed_int import dequantize_packed, pack_int32, quantize_symmetric
-from blockspec.layers.triton_w4a16 import grouped_matmul, row_tiles
+from blockspec.layers.packed_int import dequantize_packed, n_major, pack_int32, quantize_symmetric
+from blockspec.layers.triton_w4a16 import W4A16Config, grouped_matmul, row_tiles
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
@@ -35,17 +35,21 @@ def reference(x, packed, scale, offsets, group):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("counts, n, k", [([5, 0, 20, 1], 40, 96),       # an empty expert, N < a tile
-                                          ([3], 130, 64),                  # one expert: a dense layer
-                                          ([17, 70], 64, 160)])            # > one row tile, K > one K tile
-def test_grouped_matmul_matches_dequantised_reference(dtype, counts, n, k):
-    packed, scale = experts(len(counts), n, k, 32)
+@pytest.mark.parametrize("layout", ["k_major", "n_major"])
+@pytest.mark.parametrize("counts, n, k, group", [([5, 0, 20, 1], 40, 96, 32),    # an empty expert, N < a tile
+                                                 ([3], 130, 64, 32),               # one expert: a dense layer
+                                                 ([17, 70], 64, 160, 32),          # > one row tile, > one K step
+                                                 ([2, 9], 48, 300, 12),            # groups within a word, K % 8
+                                                 ([4, 1], 24, 100, 100)])          # one group a row (per channel)
+def test_grouped_matmul_matches_dequantised_reference(dtype, layout, counts, n, k, group):
+    packed, scale = experts(len(counts), n, k, group)
     scale = scale.to(dtype)
     offsets = torch.tensor([0] + counts).cumsum(0).to(torch.int32)
     x = torch.randn(sum(counts), k, generator=torch.Generator().manual_seed(1)).to(dtype)
-    dev = lambda t: t.to(DEVICE)   # noqa: E731
-    out = grouped_matmul(dev(x), dev(packed), dev(scale), dev(offsets), 32).cpu()
-    ref = reference(x, packed, scale, offsets, 32)
+    dev = lambda t: n_major(t.to(DEVICE)) if layout == "n_major" else t.to(DEVICE)   # noqa: E731
+    config = W4A16Config(16, 32, 16, 1, 1)     # small tiles: several K steps and column tiles
+    out = grouped_matmul(dev(x), dev(packed), dev(scale), offsets.to(DEVICE), group, config=config).cpu()
+    ref = reference(x, packed, scale, offsets, group)
     assert out.dtype == dtype and out.shape == (sum(counts), n)
     ulp = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
     assert ((out.float() - ref.float()).abs() <= ulp * (1 + ref.float().abs())).all()
@@ -62,15 +66,18 @@ def test_wrong_nibble_offset_is_caught():
     assert torch.allclose(out, reference(x, packed, scale, offsets, 32), atol=1e-5)
 
 
-def test_row_tiles_cover_every_row_once():
-    offsets = torch.tensor([0, 5, 5, 40, 41])
-    expert, first = row_tiles(offsets, 41, 16)
-    assert expert.numel() == 3 + 4                                     # ceil(41/16) + E programs
+@pytest.mark.parametrize("offsets", [[0, 5, 5, 40, 41],            # ceil(41/16) + E = 7 programs
+                                     [0, 1, 1, 2, 2, 2, 3, 3, 3]])  # fewer rows than experts: T = 3 programs
+def test_row_tiles_cover_every_row_once(offsets):
+    offsets = torch.tensor(offsets)
+    rows, num_experts = offsets[-1].item(), offsets.numel() - 1
+    expert, first = row_tiles(offsets, rows, 16)
+    assert expert.numel() == min(rows, -(-rows // 16) + num_experts)
     seen = []
     for e, r in zip(expert.tolist(), first.tolist()):
-        if e < 4:
+        if e < num_experts:
             seen += [(e, row) for row in range(r, min(r + 16, offsets[e + 1].item()))]
-    assert sorted(seen) == [(e, row) for e in range(4) for row in range(offsets[e], offsets[e + 1])]
+    assert sorted(seen) == [(e, row) for e in range(num_experts) for row in range(offsets[e], offsets[e + 1])]
 
 
 def test_shape_mismatch_is_refused():

@@ -69,7 +69,10 @@ def _w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, tile_expert_ptr, tile_row_ptr, o
                 if not WORD_SCALE:
                     scale = tl.load(s_base + (ks // GROUP)[:, None] * ssg, mask=k_ok[:, None] & col_ok[None, :],
                                     other=0.0).to(tl.float32)
-                w = ((field - (1 << (BITS - 1))).to(tl.float32) * scale).to(a.dtype)
+                # The field as float32 without an int→float conversion (quarter rate on Hopper):
+                # its bits under 2^23's exponent are the float 2^23 + field, exactly.
+                value = (field | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + (1 << (BITS - 1)))
+                w = (value * scale).to(a.dtype)
                 acc += tl.dot(a, w, input_precision=PRECISION)
         out = out_ptr + rows[:, None].to(tl.int64) * som + cols[None, :]
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
@@ -90,12 +93,17 @@ class W4A16Config:
 def w4a16_config(num_rows: int, on_cuda: bool) -> W4A16Config:
     """The tiling for `num_rows` (token, expert) rows. Few rows an expert (decode, verify: at
     most a few dozen tokens over 384 experts) make each program a matrix-vector product bound by
-    the weights' bytes, so the tile is narrow in M and long in K."""
+    the weights' bytes, so the tile is narrow in M. A sweep on an H100 at Kimi's expert shapes
+    (`bench/w4a16_tune_gpu.py`, bench/results/gpu_session_g/): 256 columns and 16 words a step
+    (3 stages) won at 128 and 512 rows (b = 16, 64) by 10–20 %; at 8 rows (b = 1) tilings were
+    within 3 % of each other."""
     if not on_cuda:
         return W4A16Config(16, 32, 16, 1, 1)
+    if num_rows <= 64:
+        return W4A16Config(16, 64, 32, 4, 2)
     if num_rows <= 1024:
-        return W4A16Config(16, 64, 32, 4, 3)
-    return W4A16Config(64, 64, 16, 4, 3)
+        return W4A16Config(16, 256, 16, 4, 3)
+    return W4A16Config(64, 128, 16, 4, 3)
 
 
 def row_tiles(offsets: torch.Tensor, num_rows: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,14 +12,17 @@ import json
 import time
 from types import SimpleNamespace
 
+from blockspec.engine.sequence import Status
 from blockspec.engine.spec_policy import SpecPolicy
 from blockspec.speculative.step import StepResult
 
 
 def policy_us_per_step(rows: int, steps: int) -> float:
     policy = SpecPolicy("adaptive", 16, False, [1, 2, 4, 8, 16, 32, 64])
-    seqs = [SimpleNamespace(request_id=f"r{i}", params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))
-            for i in range(rows)]
+    # Rows carry what the policy reads of the engine's `Sequence`s (a missing `status` would time
+    # getattr's AttributeError instead).
+    seqs = [SimpleNamespace(request_id=f"r{i}", status=Status.RUNNING,
+                            params=SimpleNamespace(greedy=True, temperature=0.0, seed=None)) for i in range(rows)]
     clock = 0.0
     for k in range(steps + 100):
         if k == 100:

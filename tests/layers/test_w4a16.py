@@ -35,19 +35,21 @@ def reference(x, packed, scale, offsets, group):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("layout", ["k_major", "n_major"])
+@pytest.mark.parametrize("layout, config", [("k_major", W4A16Config(16, 32, 16, 1, 1)),
+                                            ("n_major", W4A16Config(16, 32, 16, 1, 1)),
+                                            ("n_major", W4A16Config(2, 32, 16, 1, 1, use_dot=False))])
 @pytest.mark.parametrize("counts, n, k, group", [([5, 0, 20, 1], 40, 96, 32),    # an empty expert, N < a tile
                                                  ([3], 130, 64, 32),               # one expert: a dense layer
                                                  ([17, 70], 64, 160, 32),          # > one row tile, > one K step
                                                  ([2, 9], 48, 300, 12),            # groups within a word, K % 8
                                                  ([4, 1], 24, 100, 100)])          # one group a row (per channel)
-def test_grouped_matmul_matches_dequantised_reference(dtype, layout, counts, n, k, group):
+def test_grouped_matmul_matches_dequantised_reference(dtype, layout, config, counts, n, k, group):
     packed, scale = experts(len(counts), n, k, group)
     scale = scale.to(dtype)
     offsets = torch.tensor([0] + counts).cumsum(0).to(torch.int32)
     x = torch.randn(sum(counts), k, generator=torch.Generator().manual_seed(1)).to(dtype)
     dev = lambda t: n_major(t.to(DEVICE)) if layout == "n_major" else t.to(DEVICE)   # noqa: E731
-    config = W4A16Config(16, 32, 16, 1, 1)     # small tiles: several K steps and column tiles
+    # Small tiles: several K steps, row and column tiles.
     out = grouped_matmul(dev(x), dev(packed), dev(scale), offsets.to(DEVICE), group, config=config).cpu()
     ref = reference(x, packed, scale, offsets, group)
     assert out.dtype == dtype and out.shape == (sum(counts), n)

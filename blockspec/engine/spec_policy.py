@@ -50,6 +50,8 @@ import logging
 import math
 import time
 from collections import Counter
+from itertools import repeat
+from operator import attrgetter
 
 from blockspec.engine.acceptance import AcceptanceModel, temperature_class
 from blockspec.engine.config import SPEC_POLICIES
@@ -57,6 +59,7 @@ from blockspec.engine.sequence import Status
 from blockspec.engine.step_cost import StepCostModel, best_width
 
 log = logging.getLogger("blockspec.spec_policy")
+_request_id, _status = attrgetter("request_id"), attrgetter("status")
 
 LADDER = (2, 4, 8, 16, 32, 64, 128)   # few widths: each is timed per bucket, and captured on CUDA
 PROBE_BUDGET = 0.03    # the most of the step time each kind of probe may add
@@ -91,6 +94,7 @@ class SpecPolicy:
             raise ValueError(f"spec_policy must be one of {', '.join(SPEC_POLICIES)}, got {mode!r}")
         self.mode, self.full_width, self.builds_trees = mode, full_width, builds_trees
         self.widths = candidate_widths(full_width) if mode == "adaptive" else [full_width]
+        self._widest_first = sorted(self.widths, reverse=True)
         # No sample discarded: a width's first step after a switch is never timed (`observe`),
         # which is where compiles and first-use allocations land.
         self.cost = StepCostModel(buckets, sorted(set(self.widths) | {1}), discard=0, min_samples=2)
@@ -118,7 +122,9 @@ class SpecPolicy:
 
     def _choose(self, seqs) -> int:
         B = len(seqs)
-        totals = self.acceptance.expected_totals([(s.request_id, temperature_class(s.params)) for s in seqs])
+        # Rows' classes only for requests the model has not seen (a per-row call costs ≈ 0.4 µs).
+        totals = self.acceptance.expected_totals(list(map(_request_id, seqs)),
+                                                 lambda i: temperature_class(seqs[i].params))
         costs, to_time = self._costs_or_width_to_time(B, totals)
         if to_time is not None:
             return to_time
@@ -130,7 +136,7 @@ class SpecPolicy:
             changed, self._before_probe = width != self._before_probe, None
             self.probe_interval = self.min_probe if changed else min(2 * self.probe_interval, self.max_probe)
         self._steps += 1
-        others = [w for w in sorted(self.widths, reverse=True) if w != width]
+        others = [w for w in self._widest_first if w != width]
         if others:
             # The next width to re-time, in turn; a dear one waits longer (the same budget).
             other = others[self._probes % len(others)]
@@ -156,7 +162,10 @@ class SpecPolicy:
         tokens lose to the best timed rate it is skipped, that bound standing in for its cost (a
         cost re-timing reaches it later). On a CPU at T = 1 a 16-wide step costs 8 plain ones at
         batch 16, and timing every width of a cold bucket took 8 s of a 20 s run."""
-        costs = {w: self.cost.estimate(B, w) for w in self.widths}
+        table = self.cost.table(B)
+        costs = {w: table[w] for w in self.widths}
+        if None not in costs.values():            # a warm bucket: every step but the first few
+            return costs, None
         if costs[self.full_width] is None:
             return costs, self.full_width
         timed = {w: c for w, c in costs.items() if c is not None}
@@ -183,13 +192,18 @@ class SpecPolicy:
             return
         if previous is not None and previous[1] == key:
             self.cost.observe(len(seqs), width, now - previous[0])
-        observed = []
-        for i, s in enumerate(seqs):
-            if getattr(s, "status", None) is Status.FINISHED:
-                continue
-            if step.path_nodes is not None:     # plain rows too: their wider widths relax
-                observed.append((s.request_id, temperature_class(s.params), step.path_nodes[i], width))
-        self.acceptance.observe_step(observed)
+        if step.path_nodes is not None:         # plain rows too: their wider widths relax
+            live, paths = seqs, step.path_nodes
+            # C-level passes over the rows: a Python loop (getattr, the class) cost ≈ 1 µs a row.
+            try:
+                finished = Status.FINISHED in map(_status, seqs)
+            except AttributeError:              # stand-ins without a status: the slow way
+                finished = Status.FINISHED in map(getattr, seqs, repeat("status"), repeat(None))
+            if finished:
+                keep = [i for i, s in enumerate(seqs) if getattr(s, "status", None) is not Status.FINISHED]
+                live, paths = [seqs[i] for i in keep], [paths[i] for i in keep]
+            self.acceptance.observe_step(list(map(_request_id, live)),
+                                         lambda i: temperature_class(live[i].params), paths, width)
         bucket = key[0]
         if bucket not in self.cost.logged and all(t is not None for t in self.cost.table(len(seqs)).values()):
             self.cost.logged.add(bucket)

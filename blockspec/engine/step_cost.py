@@ -50,13 +50,19 @@ class StepCostModel:
         self.discard, self.min_samples, self.window = discard, min_samples, window
         self._seen: dict[tuple[int, int], int] = {}
         self._samples: dict[tuple[int, int], deque] = {}
+        # Read every step for every width, changed by one key a step: kept, not recomputed.
+        self._tables: dict[int, dict[int, float | None]] = {}    # bucket → width → `measured`
+        self._buckets: dict[int, int] = {}                        # batch size → `bucket_for`
         self.logged: set[int] = set()        # buckets whose table was logged
 
     def bucket_for(self, batch_size: int) -> int:
         """The bucket a batch pads to; past the largest, the batch size itself."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        return next((b for b in self.buckets if b >= batch_size), batch_size)
+        bucket = self._buckets.get(batch_size)
+        if bucket is None:
+            if batch_size < 1:
+                raise ValueError(f"batch_size must be positive, got {batch_size}")
+            bucket = self._buckets[batch_size] = next((b for b in self.buckets if b >= batch_size), batch_size)
+        return bucket
 
     def observe(self, batch_size: int, width: int, seconds: float) -> None:
         if width not in self.widths:
@@ -68,6 +74,9 @@ class StepCostModel:
         if self._seen[key] <= self.discard:
             return
         self._samples.setdefault(key, deque(maxlen=self.window)).append(seconds)
+        table = self._tables.get(key[0])
+        if table is not None:
+            table[width] = self.measured(batch_size, width)
 
     def measured(self, batch_size: int, width: int) -> float | None:
         """Seconds per step timed at this key, or None until it holds `min_samples`."""
@@ -89,7 +98,11 @@ class StepCostModel:
 
     def table(self, batch_size: int) -> dict[int, float | None]:
         """width → seconds per step timed at this batch's bucket."""
-        return {w: self.measured(batch_size, w) for w in self.widths}
+        bucket = self.bucket_for(batch_size)
+        table = self._tables.get(bucket)
+        if table is None:
+            table = self._tables[bucket] = {w: self.measured(batch_size, w) for w in self.widths}
+        return dict(table)
 
     def format_table(self, batch_size: int) -> str:
         cells = ", ".join(f"w{w} {t * 1e3:.2f} ms" if t is not None else f"w{w} -"

@@ -62,18 +62,24 @@ def test_acceptance_model_seeds_new_requests_from_the_batch():
     assert m.expected("a", "greedy", 2) == 0.0            # back to the batch's figure
 
 
+def observe_rows(m, rows):
+    """`AcceptanceModel.observe_step` from (request_id, class, path_nodes, ran_width) per row."""
+    ids, classes, paths, ran = zip(*rows)
+    m.observe_step(list(ids), classes.__getitem__, list(paths), list(ran))
+
+
 def test_a_row_parked_at_plain_relaxes_towards_the_batch():
     """Widths a step did not reach drift to the class's batch-wide figure, so a row parked at plain
     after a bad stretch returns to speculating without waiting for a probe."""
     m = AcceptanceModel([1, 2, 4], alpha=0.5, batch_alpha=0.5, relax=0.2)
     for _ in range(5):
-        m.observe_step([("a", "greedy", [1, 2, 3], 4), ("b", "greedy", [1, 2, 3], 4)])
+        observe_rows(m, [("a", "greedy", [1, 2, 3], 4), ("b", "greedy", [1, 2, 3], 4)])
     for _ in range(5):
-        m.observe_step([("a", "greedy", [], 4), ("b", "greedy", [1, 2, 3], 4)])     # a's bad stretch
+        observe_rows(m, [("a", "greedy", [], 4), ("b", "greedy", [1, 2, 3], 4)])     # a's bad stretch
     low = m.expected("a", "greedy", 4)
     assert low < 0.2
     for _ in range(20):
-        m.observe_step([("a", "greedy", [], 1), ("b", "greedy", [1, 2, 3], 4)])     # a at plain
+        observe_rows(m, [("a", "greedy", [], 1), ("b", "greedy", [1, 2, 3], 4)])     # a at plain
     assert m.expected("a", "greedy", 4) > 0.9 * m.expected("b", "greedy", 4) > 2.0
     with pytest.raises(ValueError, match="alpha"):
         AcceptanceModel([1, 2], relax=1.5)
@@ -92,9 +98,10 @@ def choose_width(expected, costs):
 
 def test_expected_totals_sum_the_rows_expectations_and_the_batch_moves_once_a_step():
     m = AcceptanceModel([1, 2, 4], alpha=0.5, batch_alpha=0.5)
-    m.observe_step([("a", "greedy", [1, 2, 3], 4), ("b", "greedy", [], 4), ("c", "t<=1", [1], 2)])
+    observe_rows(m, [("a", "greedy", [1, 2, 3], 4), ("b", "greedy", [], 4), ("c", "t<=1", [1], 2)])
     rows = [("a", "greedy"), ("b", "greedy"), ("c", "t<=1"), ("new", "greedy"), ("x", "t>1")]
-    assert m.expected_totals(rows) == {w: sum(1 + m.expected(r, k, w) for r, k in rows) for w in (1, 2, 4)}
+    assert m.expected_totals([r for r, _ in rows], lambda i: rows[i][1]) == \
+        {w: sum(1 + m.expected(r, k, w) for r, k in rows) for w in (1, 2, 4)}
     # two greedy rows in one step: the batch EMA moves by 1 − 0.5² towards their mean (3 + 0) / 2
     assert m.expected("new", "greedy", 4) == pytest.approx(1.5)
 
@@ -218,11 +225,12 @@ def test_a_cold_bucket_skips_widths_that_cannot_win_even_at_a_narrower_cost():
     cost is not timed, and that cost stands in for it."""
     policy = SpecPolicy("adaptive", 8, False, [1, 2])
     seqs = [SimpleNamespace(request_id="r", params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
-    policy.acceptance._batch["greedy"] = {1: 0.0, 2: 0.1, 4: 0.15, 8: 0.2}     # drafts mostly rejected
-    policy.acceptance._rows["r"] = dict(policy.acceptance._batch["greedy"])
+    acceptance = policy.acceptance        # drafts mostly rejected: the class's figures, which "r" reads
+    acceptance._table[acceptance._class_row("greedy")] = [0.0, 0.1, 0.15, 0.2]
     assert policy._costs_or_width_to_time(1, {1: 1.0, 2: 1.1, 4: 1.15, 8: 1.2})[1] == 8
     for w, cost in ((8, 5.0), (1, 1.0), (2, 3.0)):
-        policy.cost._samples[1, w] = __import__("collections").deque([cost] * 2, maxlen=15)
+        policy.cost.observe(1, w, cost)
+        policy.cost.observe(1, w, cost)
     # plain 1 token / 1.0 s; width 4 at ≥ 3.0 s could commit 1.15 / 3.0: skipped.
     assert policy._costs_or_width_to_time(1, {1: 1.0, 2: 1.1, 4: 1.15, 8: 1.2}) == ({1: 1.0, 2: 3.0, 4: 3.0, 8: 5.0}, None)
     assert policy.choose(seqs) == 1

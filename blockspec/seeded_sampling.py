@@ -144,7 +144,7 @@ def _check(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor) -> 
         raise ValueError("probs must be contiguous in its last dim")
 
 
-def _use_kernel(probs: torch.Tensor, kernel: bool | None) -> bool:
+def use_kernel(probs: torch.Tensor, kernel: bool | None) -> bool:
     """The Triton kernel when asked, else on CUDA; torch otherwise."""
     return probs.device.type == "cuda" if kernel is None else kernel
 
@@ -169,7 +169,7 @@ def pin_seeded_rows(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Te
     one-hot p and commits its token (module docstring). Returns `probs`. `kernel`: the Triton
     kernel (default: on CUDA; tests run it under the interpreter) or torch."""
     _check(probs, keys, positions)
-    if _use_kernel(probs, kernel):
+    if use_kernel(probs, kernel):
         _launch(probs, probs, keys, positions, scores=False)
         return probs
     rows = (keys != 0).nonzero()[:, 0]          # the torch path runs on the CPU: no graph to keep
@@ -186,7 +186,7 @@ def race_scores(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor
     winner; the first k are k draws without replacement from p). `kernel` as `pin_seeded_rows`."""
     _check(probs, keys, positions)
     out = torch.log(probs.float())
-    if _use_kernel(probs, kernel):
+    if use_kernel(probs, kernel):
         _launch(probs, out, keys, positions, scores=True)
         return out
     for r in (keys != 0).nonzero()[:, 0].tolist():
@@ -194,4 +194,5 @@ def race_scores(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor
     return out
 
 
-__all__ = ["race_key", "races", "race_key_of", "race_noise", "race_winners", "pin_seeded_rows", "race_scores"]
+__all__ = ["race_key", "races", "race_key_of", "race_noise", "race_winners", "pin_seeded_rows", "race_scores",
+           "use_kernel"]

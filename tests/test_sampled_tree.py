@@ -267,3 +267,25 @@ def test_tree_kernel_builds_the_host_shape_from_floored_scores():
         assert torch.equal(getattr(got, field).cpu(), getattr(want, field)), field
     _, position = sibling_positions(want.parents)
     assert position[:2].max() == 1 and position[2].max() > 1    # sampled rows: ≤ 2 children (q's support)
+
+
+@pytest.mark.parametrize("seeded", [[False, False, False], [True, False, True], [True, True, True]])
+@pytest.mark.parametrize("kernel", [False, True])          # torch (CPU), the Triton kernel (its interpreter here)
+def test_race_ranked_scores_equal_the_all_rows_formula_and_skip_unseeded_batches(seeded, kernel, monkeypatch):
+    """DDTree's seeded rows rank by their race (`race_ranked_scores`): equal to scoring every row
+    and keeping the seeded ones (the graph-safe formula the kernel path runs), whether the batch
+    has seeded rows or not; on the torch path a batch without seeds runs no race pass at all."""
+    import blockspec.speculative.sampled_tree as sampled_tree
+    from blockspec.seeded_sampling import race_key, race_scores
+    from blockspec.speculative.sampled_tree import SHAPE_FLOOR, race_ranked_scores, shape_scores
+    B, L = 3, 4
+    logits = torch.randn(B, L, VOCAB, generator=torch.Generator().manual_seed(12))
+    q = distributions((B, L), seed=13, top_k=3)
+    keys = torch.tensor([race_key(i + 1) if s else 0 for i, s in enumerate(seeded)])
+    positions = torch.arange(L)[None, :] + torch.tensor([[5], [9], [2**33]])
+    scores = shape_scores(logits, q, torch.ones(B, dtype=torch.bool))
+    raced = torch.log_softmax(race_scores(q, keys, positions, kernel=kernel), -1)
+    want = torch.where((keys != 0)[:, None, None], raced.clamp(min=SHAPE_FLOOR), scores)
+    if not any(seeded) and not kernel:
+        monkeypatch.setattr(sampled_tree, "race_scores", lambda *a, **k: pytest.fail("raced a batch without seeds"))
+    assert torch.equal(race_ranked_scores(scores.clone(), q, keys, positions, kernel=kernel), want)

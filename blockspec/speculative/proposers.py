@@ -23,9 +23,9 @@ from blockspec.attention.backend import AttentionBackend
 from blockspec.attention.metadata import AttentionBatch
 from blockspec.batch import StepInputs
 from blockspec.sampling import filtered_probs, sample_from_probs
-from blockspec.seeded_sampling import pin_seeded_rows, race_scores
+from blockspec.seeded_sampling import pin_seeded_rows
 from blockspec.speculative.ngram import propose_ngram_batch
-from blockspec.speculative.sampled_tree import SHAPE_FLOOR, fill_with_samples, shape_scores
+from blockspec.speculative.sampled_tree import fill_with_samples, race_ranked_scores, shape_scores
 from blockspec.speculative.tree import DraftTree, build_tree, chain_tree
 
 log = logging.getLogger("blockspec.proposers")
@@ -185,9 +185,7 @@ class DFlashProposer(Proposer):
         walked = inputs.walked_rows
         scores = shape_scores(logits, q, ~walked)
         if inputs.race_keys is not None:
-            raced = torch.log_softmax(race_scores(q, inputs.race_keys, self._draft_positions(inputs)), -1)
-            seeded = (inputs.race_keys != 0)[:, None, None]
-            scores = torch.where(seeded, raced.clamp(min=SHAPE_FLOOR), scores)
+            scores = race_ranked_scores(scores, q, inputs.race_keys, self._draft_positions(inputs))
         tree = self.build_tree(scores, self.tree_budget, self.tree_topk, inputs.roots)
         return fill_with_samples(tree, q, inputs.uniforms[:, :self.max_nodes], ~walked), q
 

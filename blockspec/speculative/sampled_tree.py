@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from blockspec.seeded_sampling import race_scores, use_kernel
 from blockspec.speculative.tree import PAD_PARENT, ROOT_PARENT, DraftTree
 
 # Log-score of a token outside q's support: below any finite prefix score (a float32 log-prob is
@@ -39,6 +40,24 @@ def shape_scores(logits: torch.Tensor, draft_probs: torch.Tensor, sampled_rows: 
     plain = torch.log_softmax(logits.float(), -1)
     outside = sampled_rows[:, None, None] & (draft_probs <= 0)
     return torch.where(outside, SHAPE_FLOOR, plain)
+
+
+def race_ranked_scores(scores: torch.Tensor, draft_probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor,
+                       kernel: bool | None = None) -> torch.Tensor:
+    """`scores [B, L, V]` (`shape_scores`) with each seeded row's (`keys [B]` ≠ 0) replaced by the
+    log-softmax of its race scores on q (`seeded_sampling.race_scores`, floored at SHAPE_FLOOR),
+    so that its top-k tree is its race's order; in place, returned. `positions [B, L]`: each
+    depth's absolute position. The kernel path (CUDA, inside the step's graph: no host sync)
+    scores every row and keeps the seeded ones; the torch path (the CPU) scores only the rows
+    that race — none, and no [B, L, V] pass, in a batch without seeds."""
+    if use_kernel(draft_probs, kernel):
+        raced = torch.log_softmax(race_scores(draft_probs, keys, positions, kernel=True), -1)
+        return torch.where((keys != 0)[:, None, None], raced.clamp(min=SHAPE_FLOOR), scores)
+    rows = (keys != 0).nonzero()[:, 0]
+    if rows.numel():
+        raced = race_scores(draft_probs[rows], keys[rows], positions[rows], kernel=False)
+        scores[rows] = torch.log_softmax(raced, -1).clamp(min=SHAPE_FLOOR)
+    return scores
 
 
 def sibling_positions(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,3 +15,7 @@ run tree16_target_only_t0 --spec ddtree --budget 16 --temperatures 0
 run tree16_sampled_t0 --spec ddtree --budget 16 --spec-verify rejection --temperatures 0
 run tree64_sampled_t1 --spec ddtree --budget 64 --spec-verify rejection --temperatures 1
 run tree64_target_only_t1 --spec ddtree --budget 64 --temperatures 1
+# 64 held-out prompts (the count), DDTree-64 sampled, T = 1 and T = 0.6 top_p 0.95:
+COMMON64="--target blockspec/bundled/target --drafter 0=blockspec/bundled/drafter --datasets sharegpt --num-prompts 64 --max-tokens 128"
+[ -f $OUT/tree64_sampled_t1_64prompts.json ] || OMP_NUM_THREADS=1 .venv/bin/python -m blockspec.bench.acceptance $COMMON64 --spec ddtree --budget 64 --spec-verify rejection --temperatures 1 --output $OUT/tree64_sampled_t1_64prompts.json
+[ -f $OUT/tree64_sampled_t06_topp095_64prompts.json ] || OMP_NUM_THREADS=1 .venv/bin/python -m blockspec.bench.acceptance $COMMON64 --spec ddtree --budget 64 --spec-verify rejection --temperatures 0.6 --top-p 0.95 --output $OUT/tree64_sampled_t06_topp095_64prompts.json

@@ -50,7 +50,6 @@ import logging
 import math
 import time
 from collections import Counter
-from itertools import repeat
 from operator import attrgetter
 
 from blockspec.engine.acceptance import AcceptanceModel, temperature_class
@@ -195,12 +194,8 @@ class SpecPolicy:
         if step.path_nodes is not None:         # plain rows too: their wider widths relax
             live, paths = seqs, step.path_nodes
             # C-level passes over the rows: a Python loop (getattr, the class) cost ≈ 1 µs a row.
-            try:
-                finished = Status.FINISHED in map(_status, seqs)
-            except AttributeError:              # stand-ins without a status: the slow way
-                finished = Status.FINISHED in map(getattr, seqs, repeat("status"), repeat(None))
-            if finished:
-                keep = [i for i, s in enumerate(seqs) if getattr(s, "status", None) is not Status.FINISHED]
+            if Status.FINISHED in map(_status, seqs):
+                keep = [i for i, s in enumerate(seqs) if s.status is not Status.FINISHED]
                 live, paths = [seqs[i] for i in keep], [paths[i] for i in keep]
             self.acceptance.observe_step(list(map(_request_id, live)),
                                          lambda i: temperature_class(live[i].params), paths, width)

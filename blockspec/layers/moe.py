@@ -26,6 +26,7 @@ from torch import nn
 
 from blockspec.config import MoEConfig
 from blockspec.layers.mlp import SwiGLU
+from blockspec.layers.packed_int import stack_n_major
 
 log = logging.getLogger("blockspec.moe")
 
@@ -223,12 +224,10 @@ def stack_expert_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
         def take(name):
             return [state.pop(parts[name][e]) for e in range(n)]
         gate_up, down = _STACKED[tensor]
-        # Packed INT4 stacks N-major (`packed_int.n_major`, the kernel's layout) in the one copy.
-        packed = tensor != "weight"
-        orient = (lambda t: t.T) if packed else (lambda t: t)   # noqa: E731
-        restore = (lambda t: t.transpose(1, 2)) if packed else (lambda t: t)   # noqa: E731
+        # Packed INT4 stacks N-major (the W4A16 kernel's layout) in the one copy.
+        stack = torch.stack if tensor == "weight" else stack_n_major
         gate, up = take("gate_proj"), take("up_proj")
-        state[f"{prefix}.{gate_up}"] = restore(torch.stack([orient(torch.cat([g, u])) for g, u in zip(gate, up)]))
+        state[f"{prefix}.{gate_up}"] = stack([torch.cat([g, u]) for g, u in zip(gate, up)])
         del gate, up
-        state[f"{prefix}.{down}"] = restore(torch.stack([orient(d) for d in take("down_proj")]))
+        state[f"{prefix}.{down}"] = stack(take("down_proj"))
     return state

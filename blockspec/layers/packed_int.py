@@ -42,6 +42,11 @@ def n_major(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(-1, -2).contiguous().transpose(-1, -2)
 
 
+def stack_n_major(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """`torch.stack` of `[N, W]` tensors → `[E, N, W]` stored N-major (`n_major`), in one copy."""
+    return torch.stack([t.T for t in tensors]).transpose(1, 2)
+
+
 def load_n_major(module: nn.Module, *names: str) -> None:
     """Have `module.load_state_dict` store its packed buffers `names` N-major (`n_major`)
     whatever layout the state dict brings (checkpoints are K-major)."""

@@ -69,10 +69,7 @@ def _w4a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, tile_expert_ptr, tile_row_ptr, o
                 if not WORD_SCALE:
                     scale = tl.load(s_base + (ks // GROUP)[:, None] * ssg, mask=k_ok[:, None] & col_ok[None, :],
                                     other=0.0).to(tl.float32)
-                # The field as float32 without an int→float conversion (quarter rate on Hopper):
-                # its bits under 2^23's exponent are the float 2^23 + field, exactly.
-                value = (field | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + (1 << (BITS - 1)))
-                w = (value * scale).to(a.dtype)
+                w = ((field - (1 << (BITS - 1))).to(tl.float32) * scale).to(a.dtype)
                 acc += tl.dot(a, w, input_precision=PRECISION)
         out = out_ptr + rows[:, None].to(tl.int64) * som + cols[None, :]
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
@@ -98,8 +95,8 @@ def w4a16_config(num_rows: int, on_cuda: bool) -> W4A16Config:
     (3 stages) won at 128 and 512 rows (b = 16, 64) by 10–20 %; at 8 rows (b = 1) tilings were
     within 3 % of each other. Products summed in registers instead of `tl.dot` (1–4 rows a
     tile: a matrix-vector shape) ran 1.5–2.5× slower at every case (gate_up: 0.21 against 0.14 ms
-    at 8 rows, 7.0 against 2.8 ms at 512), and fields made float by their bits instead of a
-    conversion changed nothing measurable. The best tiling reads the experts hit at ≈ 1.8× their
+    at 8 rows, 7.0 against 2.8 ms at 512), and fields made float by their bits (2^23 + field)
+    instead of an int→float conversion changed nothing measurable (not kept). The best tiling reads the experts hit at ≈ 1.8× their
     bytes' time at 128–512 rows (≈ 3–4× at 8 rows, where too few programs run)."""
     if not on_cuda:
         return W4A16Config(16, 32, 16, 1, 1)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from blockspec.engine.acceptance import AcceptanceModel, counterfactual_accepts, ema, temperature_class
+from blockspec.engine.sequence import Status
 from blockspec.engine.spec_policy import SpecPolicy, best_width, candidate_widths, config_name
 from blockspec.engine.step_cost import StepCostModel, robust_seconds
 from blockspec.speculative.step import StepResult
@@ -130,7 +131,7 @@ def test_candidate_widths_and_names():
 def _run_policy(accept_of_width, cost_of_width, steps=120, full=8):
     """Drive a SpecPolicy with fake timings and a fake verifier; returns its choices."""
     policy = SpecPolicy("adaptive", full, False, [1, 2, 4])
-    seqs = [SimpleNamespace(request_id=f"r{i}", params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))
+    seqs = [SimpleNamespace(request_id=f"r{i}", status=Status.RUNNING, params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))
             for i in range(2)]
     chosen, clock = [], 0.0
     for _ in range(steps):
@@ -172,8 +173,8 @@ def test_a_step_is_timed_only_after_a_step_of_the_same_width_and_bucket():
     commit and the next one's launch), and across a prefill the prefill."""
     policy = SpecPolicy("adaptive", 4, False, [1, 2])
     policy.cost.discard = 0
-    one = [SimpleNamespace(request_id="r", params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
-    two = one + [SimpleNamespace(request_id="s", params=one[0].params)]
+    one = [SimpleNamespace(request_id="r", status=Status.RUNNING, params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
+    two = one + [SimpleNamespace(request_id="s", status=Status.RUNNING, params=one[0].params)]
     clock = 0.0
     # (rows, width, seconds since the last step ended); None: a prefill ran just before
     for seqs, w, dt in [(one, 1, 9.0), (one, 1, 0.5), (one, 1, 0.5), (one, 4, 7.0), (one, 4, 2.0), (one, 4, 2.0),
@@ -224,7 +225,7 @@ def test_a_cold_bucket_skips_widths_that_cannot_win_even_at_a_narrower_cost():
     whose expected tokens lose to the best timed rate even at its widest timed narrower width's
     cost is not timed, and that cost stands in for it."""
     policy = SpecPolicy("adaptive", 8, False, [1, 2])
-    seqs = [SimpleNamespace(request_id="r", params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
+    seqs = [SimpleNamespace(request_id="r", status=Status.RUNNING, params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
     acceptance = policy.acceptance        # drafts mostly rejected: the class's figures, which "r" reads
     acceptance._table[acceptance._class_row("greedy")] = [0.0, 0.1, 0.15, 0.2]
     assert policy._costs_or_width_to_time(1, {1: 1.0, 2: 1.1, 4: 1.15, 8: 1.2})[1] == 8

@@ -129,10 +129,13 @@ class Scheduler:
 
     def commit_decode(self, seq: Sequence, num_new_cached: int) -> None:
         """After a verify step: `num_new_cached` positions (root + accepted) stay cached; the
-        pages reserved for the rest of the lookahead go back to the pool (rollback), except
-        those a step still in flight writes."""
+        rejected positions past them are rolled back by the length alone (the next step writes
+        them again before anything reads them). Pages past the next step's reach go back to the
+        pool; those within it stay: freeing them would hand the same page back next step, a free
+        and an allocation per row per step (with a 16-token lookahead every step of every row
+        crosses into a page past its committed length)."""
         seq.num_cached += num_new_cached
-        seq.page_table.truncate(self.allocator, seq.num_cached + self.lookahead * self.steps_ahead)
+        seq.page_table.truncate(self.allocator, self.decode_reach(seq))
 
     def _newest_running(self) -> Sequence:
         return max(self.running, key=lambda s: s.arrival)

@@ -2,8 +2,8 @@
 
 A tiny stand-in for the engine (`apply`) does to the sequences what Engine.step does after a
 step: prefill chunks advance num_cached (and sample the first token once the prompt is
-cached); a decode step commits k tokens (k-1 accepted drafts + 1), advances num_cached by k
-and truncates the page table to the committed length.
+cached); a decode step commits k tokens (k-1 accepted drafts + 1) through
+`Scheduler.commit_decode`.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ def apply(sched: Scheduler, step, commits: dict[str, int] | None = None, default
             k = max(1, min(commits.get(s.request_id, default), sched.lookahead,
                            s.params.max_tokens - s.num_output))
             s.tokens.extend(1000 + s.num_output + j for j in range(k))
-            s.num_cached += k
-            s.page_table.truncate(sched.allocator, s.num_cached)
+            sched.commit_decode(s, k)
+            assert len(s.page_table.pages) <= pages_for(sched.decode_reach(s)), "pages kept past the next reach"
             if s.num_output >= s.params.max_tokens:
                 finished.append(s)
     for s in finished:
@@ -141,10 +141,27 @@ def test_decode_reserves_the_lookahead_and_rollback_returns_it():
     # Verify writes positions num_cached .. num_cached + lookahead - 1.
     assert len(s.page_table.pages) == pages_for(6 + 9) == 4
     apply(sched, step, {"r0": 2})
-    assert s.num_cached == 8 and len(s.page_table.pages) == pages_for(8) == 2  # rolled back
-    assert alloc.num_used_pages == 2
+    # Rolled back by the length; the pages stay, the next step reaches past them.
+    assert s.num_cached == 8 and len(s.page_table.pages) == 4 and alloc.num_used_pages == 4
     step = sched.schedule()
-    assert len(s.page_table.pages) == pages_for(8 + 9)
+    assert len(s.page_table.pages) == pages_for(8 + 9) == 5
+
+
+def test_commit_keeps_the_next_steps_pages_and_frees_past_them():
+    """A one-token step inside a page allocates and frees nothing; pages past the next step's
+    reach (a wider lookahead than the scheduler's, here after a lookahead change) are freed."""
+    alloc, sched = make_sched(50, lookahead=9)
+    s = make_seq(0, 5, max_tokens=40)
+    sched.add(s)
+    apply(sched, sched.schedule())
+    apply(sched, sched.schedule(), {"r0": 1})          # reached 5 + 9: 4 pages; cached 6
+    free = alloc.num_free_pages
+    for _ in range(2):                                  # reach 15, 16: the same 4 pages
+        apply(sched, sched.schedule(), {"r0": 1})
+    assert s.num_cached == 8 and alloc.num_free_pages == free and len(s.page_table.pages) == 4
+    sched.lookahead = 1                                 # reach 8 + 1: 3 pages
+    sched.commit_decode(s, 0)
+    assert len(s.page_table.pages) == 3 and alloc.num_free_pages == free + 1
 
 
 # ---- chunked prefill ------------------------------------------------------------------------

@@ -124,6 +124,11 @@ class Engine:
         self.logits_processors: list = [PenaltyProcessor(), GrammarProcessor(self.model_config.vocab_size)]
         self._grammar_compiler = None  # built for the first constrained request
         self.graphed = self.capture_graphs() if self.device.type == "cuda" and config.cuda_graph else None
+        if self.graphed is not None and self.policy is not None and len(self.policy.widths) > 1:
+            # What each width's step costs the GPU, per bucket, before the first request: the
+            # policy estimates a width it has not timed from these (engine/spec_policy.py).
+            self.policy.cost.set_priors(self.graphed.replay_seconds())
+            log.info("step GPU time per bucket and width (ms): %s", self.policy.cost.format_priors())
         self.graphed_prefill = None
         if self.graphed is not None:
             self.graphed_prefill = GraphedPrefill(self.runner, self.proposer, self.page_tables.max_pages,

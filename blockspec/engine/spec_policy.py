@@ -62,6 +62,7 @@ _request_id, _status = attrgetter("request_id"), attrgetter("status")
 
 LADDER = (2, 4, 8, 16, 32, 64, 128)   # few widths: each is timed per bucket, and captured on CUDA
 PROBE_BUDGET = 0.03    # the most of the step time each kind of probe may add
+PRIOR_MARGIN = 0.1     # an untimed width estimated from priors is timed unless it loses by more
 
 
 def candidate_widths(full_width: int) -> list[int]:
@@ -124,7 +125,7 @@ class SpecPolicy:
         # Rows' classes only for requests the model has not seen (a per-row call costs ≈ 0.4 µs).
         totals = self.acceptance.expected_totals(list(map(_request_id, seqs)),
                                                  lambda i: temperature_class(seqs[i].params))
-        costs, to_time = self._costs_or_width_to_time(B, totals)
+        costs, to_time = self._costs_or_width_to_time(B, totals, lambda: all(s.params.greedy for s in seqs))
         if to_time is not None:
             return to_time
         if self._retime_next is not None:         # a re-timing's second step (the timed one)
@@ -152,15 +153,20 @@ class SpecPolicy:
                 return self.full_width
         return width
 
-    def _costs_or_width_to_time(self, B: int, totals: dict[int, float]) -> tuple[dict, int | None]:
+    def _costs_or_width_to_time(self, B: int, totals: dict[int, float],
+                                all_greedy=lambda: False) -> tuple[dict, int | None]:
         """(the bucket's cost per width, None), or (its partial table, the next width it must
         time first): the full width
         (its steps observe every draft position, so acceptance is known early), then the others
         narrowest first, each only if it could win: costs grow with the width, so an untimed one
-        costs at least its widest timed narrower one, and if even at that cost its expected
-        tokens lose to the best timed rate it is skipped, that bound standing in for its cost (a
-        cost re-timing reaches it later). On a CPU at T = 1 a 16-wide step costs 8 plain ones at
-        batch 16, and timing every width of a cold bucket took 8 s of a 20 s run."""
+        costs at least its widest timed narrower one, and with startup priors (CUDA graphs) at
+        least what a timed width plus the priors' difference says (`estimate_from_prior`); if
+        at that cost its expected tokens lose to the best timed rate (by over PRIOR_MARGIN, for
+        an estimate) it is skipped, the estimate standing in for its cost (a cost re-timing
+        reaches it later). On a CPU at T = 1 a 16-wide step costs 8 plain ones at batch 16, and
+        timing every width of a cold bucket took 8 s of a 20 s run; on the H100 a cold bucket
+        of 64 rows spent 15 of a 50-step run timing widths. `all_greedy()`: whether the batch
+        is all greedy (which priors apply), asked only here, on a cold bucket."""
         table = self.cost.table(B)
         costs = {w: table[w] for w in self.widths}
         if None not in costs.values():            # a warm bucket: every step but the first few
@@ -169,11 +175,16 @@ class SpecPolicy:
             return costs, self.full_width
         timed = {w: c for w, c in costs.items() if c is not None}
         best_rate = max((totals[w] / c for w, c in timed.items()), default=None)
+        greedy = all_greedy() if self.cost.priors else False
         for w in self.widths:
             if costs[w] is not None:
                 continue
             bound = max((c for v, c in timed.items() if v < w), default=None)
-            if bound is None or best_rate is None or totals[w] / bound > best_rate:
+            estimate = self.cost.estimate_from_prior(B, w, greedy, timed)
+            if estimate is not None:
+                bound = max(bound or 0.0, estimate)
+            margin = 1.0 - PRIOR_MARGIN if estimate is not None else 1.0
+            if bound is None or best_rate is None or totals[w] / bound > best_rate * margin:
                 return costs, w
             costs[w] = bound
         return costs, None

@@ -54,6 +54,9 @@ class StepCostModel:
         self._tables: dict[int, dict[int, float | None]] = {}    # bucket → width → `measured`
         self._buckets: dict[int, int] = {}                        # batch size → `bucket_for`
         self.logged: set[int] = set()        # buckets whose table was logged
+        # (bucket, width, all greedy) → seconds of the step's GPU work alone, timed at startup
+        # (`set_priors`): what a width not yet timed on this bucket is estimated from.
+        self.priors: dict[tuple[int, int, bool], float] = {}
 
     def bucket_for(self, batch_size: int) -> int:
         """The bucket a batch pads to; past the largest, the batch size itself."""
@@ -90,6 +93,42 @@ class StepCostModel:
         from another bucket: the widths' relative costs change with the batch (that change is
         what the policy exists for), so a scaled neighbour's table would keep the wrong width."""
         return self.measured(batch_size, width)
+
+    def set_priors(self, priors: dict[tuple[int, int, bool], float]) -> None:
+        """GPU seconds per (bucket, width, all greedy) step, e.g. CUDA-graph replays timed at
+        startup (`cuda_graphs.WidthGraphs.replay_seconds`). They never enter the table: a
+        step's cost is its wall interval, host work included. They only estimate an untimed
+        width from a timed one (`estimate_from_prior`)."""
+        for (bucket, width, _), seconds in priors.items():
+            if bucket not in self.buckets or width not in self.widths or not seconds > 0:
+                raise ValueError(f"prior for bucket {bucket}, width {width}: {seconds} s is not a positive "
+                                 f"time of a known bucket ({self.buckets}) and width ({self.widths})")
+        self.priors = dict(priors)
+
+    def estimate_from_prior(self, batch_size: int, width: int, all_greedy: bool,
+                            timed: dict[int, float]) -> float | None:
+        """An untimed width's cost: a timed width's wall time plus the GPU time the priors say
+        the step adds (or saves) going from that width to this one, from the timed width
+        nearest below (else above). None without priors for both. Additive, so the host's share
+        (launch, commit) carries over unchanged: where overlapped host work hides part of the
+        GPU's, this overstates a wider width's cost, and a re-timing corrects it."""
+        bucket = self.bucket_for(batch_size)
+        prior = self.priors.get((bucket, width, all_greedy))
+        if prior is None or not timed:
+            return None
+        below = [w for w in timed if w < width]
+        base = max(below) if below else min(timed)
+        base_prior = self.priors.get((bucket, base, all_greedy))
+        if base_prior is None:
+            return None
+        return max(timed[base] + prior - base_prior, 1e-9)
+
+    def format_priors(self) -> str:
+        """The priors as one line per bucket (ms), for the startup log."""
+        rows = {}
+        for (bucket, width, greedy), seconds in sorted(self.priors.items()):
+            rows.setdefault((bucket, greedy), []).append(f"w{width} {seconds * 1e3:.3f}")
+        return "; ".join(f"bucket {b}{' greedy' if g else ''}: {', '.join(cells)}" for (b, g), cells in rows.items())
 
     def drafter_seconds(self, batch_size: int) -> float | None:
         """The drafter's share of a step: cost(width 2) − cost(width 1), when both are measured."""

@@ -56,6 +56,21 @@ def test_adaptive_width_graphs_equal_eager(qwen3_dir, drafter, spec, caplog, mon
     assert {w for *_, w in used} == {1, 2, 4, {"ngram": 8, "dflash": 5, "ddtree": 7}[spec]}
 
 
+def test_startup_replays_time_every_graph_and_change_no_output(qwen3_dir, drafter, caplog, monkeypatch):
+    """The adaptive policy's priors: one time per (bucket, width, all greedy) graph, replayed on
+    the captured inputs before serving; the engine's outputs after them equal eager ones (the
+    replays write page 0 and the carry only). On CUDA the engine does this when it starts."""
+    cycling_widths(monkeypatch)
+    reqs = requests()
+    eager = run(engine_for(qwen3_dir, "dflash", drafter, graphs=False, spec_policy="adaptive"), reqs)
+    engine = engine_for(qwen3_dir, "dflash", drafter, graphs=True, max_bs=4, spec_policy="adaptive")
+    priors = engine.graphed.replay_seconds(reps=2)
+    assert set(priors) == {(b, w, g) for b in (1, 2, 4) for w in (1, 2, 4, 5) for g in (True, False)}
+    assert all(t > 0 for t in priors.values())
+    engine.policy.cost.set_priors(priors)
+    assert run(engine, reqs) == eager
+
+
 @pytest.mark.parametrize("spec", ["none", "ddtree"])
 def test_padded_buckets_equal_eager(qwen3_dir, drafter, spec, caplog):
     eager, graphed, used = graphed_run(qwen3_dir, drafter, spec, 8, caplog)

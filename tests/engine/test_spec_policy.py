@@ -237,3 +237,48 @@ def test_a_cold_bucket_skips_widths_that_cannot_win_even_at_a_narrower_cost():
     assert policy.choose(seqs) == 1
     # Drafts that are mostly accepted: width 4 could commit 4 tokens at 3.0 s, beating plain: timed next.
     assert policy._costs_or_width_to_time(1, {1: 1.0, 2: 2.0, 4: 4.0, 8: 4.5})[1] == 4
+
+
+def test_priors_estimate_an_untimed_width_from_a_timed_one():
+    cost = StepCostModel([1, 2], [1, 2, 4, 8])
+    cost.set_priors({(2, 1, False): 1.0, (2, 2, False): 2.0, (2, 4, False): 2.1, (2, 8, False): 2.3,
+                     (2, 2, True): 1.2})
+    # from the timed width nearest below (plain: 3.0 s timed), else the nearest above
+    assert cost.estimate_from_prior(2, 4, False, {1: 3.0, 8: 4.0}) == pytest.approx(3.0 + 2.1 - 1.0)
+    assert cost.estimate_from_prior(2, 2, False, {8: 4.0}) == pytest.approx(4.0 + 2.0 - 2.3)
+    assert cost.estimate_from_prior(2, 2, True, {1: 3.0}) is None          # no greedy prior for plain
+    assert cost.estimate_from_prior(1, 2, False, {1: 3.0}) is None         # no priors for bucket 1
+    assert cost.estimate_from_prior(2, 2, False, {}) is None
+    assert "bucket 2: w1 1000.000" in cost.format_priors()
+    with pytest.raises(ValueError, match="prior"):
+        cost.set_priors({(3, 1, False): 1.0})                              # not a bucket
+    with pytest.raises(ValueError, match="prior"):
+        cost.set_priors({(2, 1, False): 0.0})
+
+
+def test_a_cold_bucket_skips_widths_the_priors_say_lose():
+    """GPU seconds per step 1 / 2 / 4.5 / 5 at widths 1 / 2 / 4 / 8, and the host adds 1 s to each;
+    rows accept up to 2 drafts, so chain2 commits 2 tokens in 3 s, chain4 3 in 5.5 s, chain8 3 in 6 s:
+    chain2 is the best. Without priors chain4 is timed (at chain2's cost, its lower bound, it would
+    win); with them its cost is estimated at 3 + 4.5 − 2 = 5.5 s and it is never run."""
+    priors = {1: 1.0, 2: 2.0, 4: 4.5, 8: 5.0}
+
+    def widths_run(with_priors: bool) -> list[int]:
+        policy = SpecPolicy("adaptive", 8, False, [1, 2, 4])
+        if with_priors:
+            policy.cost.set_priors({(2, w, True): s for w, s in priors.items()})
+        seqs = [SimpleNamespace(request_id=f"r{i}", status=Status.RUNNING,
+                                params=SimpleNamespace(greedy=True, temperature=0.0, seed=None)) for i in range(2)]
+        clock, order = 0.0, []
+        for _ in range(16):
+            w = policy.choose(seqs)
+            order += [w] if w not in order else []
+            acc = min(w - 1, 2)
+            clock += priors[w] + 1.0
+            policy.observe(seqs, w, StepResult([[0]] * 2, [acc] * 2, [w - 1] * 2, [list(range(1, acc + 1))] * 2),
+                           now=clock)
+        assert w == 2
+        return order
+
+    assert widths_run(False) == [8, 1, 2, 4]
+    assert widths_run(True) == [8, 1, 2]

@@ -82,6 +82,17 @@ def measure(engine, label: str, args, batch: int, force: int | None) -> dict:
         engine.step()
     overlap = engine.overlap
     row = {"engine": label, "batch": batch, "width": force}
+    if args.cprofile:                # where the host's time goes, overlapped steps
+        import cProfile
+        import io
+        import pstats
+        profiler = cProfile.Profile()
+        profiler.enable()
+        time_steps(engine, args.steps)
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.cprofile)
+        print(f"== {label} batch {batch} width {force}: host profile of {args.steps} steps\n{text.getvalue()}")
     rounds = [time_steps(engine, args.steps) for _ in range(args.rounds)]
     row["ms_overlap" if overlap else "ms"] = round(statistics.median(rounds) * 1e3, 4)
     if overlap:                      # the same steps synchronous (the step in flight read first)
@@ -117,6 +128,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=480)
     ap.add_argument("--adaptive-steps", type=int, default=150, help="steps the free adaptive engine runs first")
     ap.add_argument("--profile", action="store_true", help="CUDA kernel time per step (torch.profiler)")
+    ap.add_argument("--cprofile", type=int, default=0, help="print the top N host functions (cProfile) per cell")
+    ap.add_argument("--no-adaptive", action="store_true", help="skip the free adaptive cell")
     ap.add_argument("--output", default=None)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -124,6 +137,12 @@ def main() -> int:
     common = dict(device=args.device, dtype=args.dtype, max_running_requests=max(batches))
     plain = LLM(str(BUNDLED / "target"), **common).engine
     spec = LLM(str(BUNDLED / "target"), spec="dflash", draft_model=str(BUNDLED / "drafter"), **common).engine
+    replay_ms = {}
+    if args.device == "cuda":        # each graph's replay alone (GPU work, gaps between kernels included)
+        for label, engine in (("plain", plain), ("spec", spec)):
+            replay_ms[label] = {f"b{b} w{w}{' greedy' if g else ''}": round(t * 1e3, 4)
+                                for (b, w, g), t in sorted(engine.graphed.replay_seconds().items()) if b in batches}
+            print(label, "graph replay ms:", json.dumps(replay_ms[label]), flush=True)
     rows = []
     for batch in batches:
         rows.append(measure(plain, "plain", args, batch, None))
@@ -131,14 +150,15 @@ def main() -> int:
             rows.append(measure(spec, "spec", args, batch, w))
         # The policy free: it first runs `adaptive_steps` steps on this batch (its cost table
         # for the bucket, its acceptance figures), then is timed like the others.
-        saved = args.warmup
-        args.warmup = args.adaptive_steps
-        rows.append(measure(spec, "adaptive", args, batch, None))
-        args.warmup = saved
-        for r in rows[-len(widths) - 2:]:
+        if not args.no_adaptive:
+            saved = args.warmup
+            args.warmup = args.adaptive_steps
+            rows.append(measure(spec, "adaptive", args, batch, None))
+            args.warmup = saved
+        for r in rows[-len(widths) - 2 + args.no_adaptive:]:
             print(json.dumps({k: v for k, v in r.items() if k != "gpu_top"}), flush=True)
     doc = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "args": vars(args),
-           "rows": rows}
+           "replay_ms": replay_ms, "rows": rows}
     if args.output:
         Path(args.output).write_text(json.dumps(doc, indent=1))
     return 0

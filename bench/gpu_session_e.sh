@@ -14,7 +14,7 @@ for RUN in ${RUNS:-T0:0 T1:1}; do
   timeout ${CELL_S:-270} python3 -m blockspec.cli bench offline --model blockspec/bundled/target \
       --draft-model blockspec/bundled/drafter --device cuda --dtype bfloat16 --dataset sharegpt --temperature $T \
       --num-prompts ${PROMPTS:-64} --max-tokens 128 --compare-static --concurrency ${CONC:-1,2,4,8,16,32,64} \
-      --repeats ${REPEATS:-3} ${SEEDS:+--unseeded} --no-progress --output "$OUT/compare_static_gpu_$NAME.json" \
+      --repeats ${REPEATS:-3} --waves ${WAVES:-2} ${SEEDS:+--unseeded} --no-progress --output "$OUT/compare_static_gpu_$NAME.json" \
       > "$OUT/log_$NAME.txt" 2>&1
   grep -v -i "warn\|token indices" "$OUT/log_$NAME.txt" | tail -12
 done

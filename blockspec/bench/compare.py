@@ -3,7 +3,7 @@
 Every configuration is its own engine on the same target: plain decoding, the method at each
 static width (`--static-widths`: DFlash/n-gram chains of that block size, DDTree trees of that
 budget + 1), and the method at its full width under `spec_policy="adaptive"`. At each
-concurrency c the same max(num_prompts, 2c) prompts run with at most c requests in flight (a request is added as
+concurrency c the same max(num_prompts, waves × c) prompts (waves 2 by default) run with at most c requests in flight (a request is added as
 one finishes: continuous batching, like a server under c clients). The configurations of one
 concurrency run back to back, `repeats` rounds in rotated order, and a cell's tok/s is the median
 of its rounds, so a shared CPU's bursts of load spread over all of them.
@@ -98,7 +98,7 @@ def median_record(runs: list[dict]) -> dict:
 
 
 def run_compare(config, concurrencies: list[int], static_widths: list[int] | None, warm_up,
-                repeats: int = 1) -> dict:
+                repeats: int = 1, waves: int = 2) -> dict:
     """Every configuration at every concurrency. `config`: the OfflineBenchConfig (its first
     dataset and temperature); `warm_up(llm, ids)` runs one short request."""
     from blockspec.bench.datasets import load_dataset
@@ -107,13 +107,15 @@ def run_compare(config, concurrencies: list[int], static_widths: list[int] | Non
         raise ValueError(f"concurrencies must be positive, got {concurrencies}")
     if repeats < 1:
         raise ValueError(f"repeats must be positive, got {repeats}")
+    if waves < 1:
+        raise ValueError(f"waves must be positive, got {waves}")
     top = max(concurrencies)
     adaptive = build_llm(config, top, {"spec_policy": "adaptive"})
     engine = adaptive.engine
     llms = {name: build_llm(config, top, over)
             for name, over in static_configurations(config.spec, engine.spec_step.full_width, static_widths).items()}
     llms["adaptive"] = adaptive
-    n = max(config.num_prompts, 2 * top)
+    n = max(config.num_prompts, waves * top)
     prompts = load_dataset(config.datasets[0], n, config.seed, random_input_len=config.random_input_len,
                            random_output_len=config.random_output_len)
     limit = max(1, engine.max_model_len - max((config.max_tokens or p.output_len or 128) for p in prompts)
@@ -125,14 +127,14 @@ def run_compare(config, concurrencies: list[int], static_widths: list[int] | Non
     records = []
     names = list(llms)
     for c in concurrencies:
-        k = max(config.num_prompts, 2 * c)
+        k = max(config.num_prompts, waves * c)
         rounds: dict[str, list] = {name: [] for name in names}
         for r in range(repeats):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 rounds[name].append(run_concurrency(llms[name], ids[:k], params[:k], c))
         records += [{"configuration": name, **median_record(rounds[name])} for name in names]
     return {**config.spec_fields(), "dataset": config.datasets[0], "temperature": config.temperatures[0],
-            "num_prompts": {c: max(config.num_prompts, 2 * c) for c in concurrencies}, "concurrencies": concurrencies, "repeats": repeats, "records": records, "summary": summarise(records),
+            "num_prompts": {c: max(config.num_prompts, waves * c) for c in concurrencies}, "concurrencies": concurrencies, "repeats": repeats, "records": records, "summary": summarise(records),
             "policy_host_seconds": engine.policy.host_seconds, "cost_tables": cost_tables(engine.policy)}
 
 

@@ -121,6 +121,9 @@ def _add_offline(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", default="1,4,16", help="with --compare-static: requests in flight")
     p.add_argument("--repeats", type=int, default=1,
                    help="with --compare-static: rounds per cell, rotated; a cell's tok/s is their median")
+    p.add_argument("--waves", type=int, default=2,
+                   help="with --compare-static: each cell runs at least this many prompts per request in flight "
+                        "(max(num-prompts, waves × concurrency)), so a high concurrency is not all ramp and tail")
     p.add_argument("--static-widths", default=None,
                    help="with --compare-static: verify widths of the static configurations (chain length, tree "
                         "budget + 1; default: the adaptive policy's candidates)")
@@ -295,7 +298,7 @@ def _compare_static(args: argparse.Namespace, config, stamp: dict) -> int:
     config.validate()
     widths = _positive_ints(args.static_widths, "--static-widths") if args.static_widths else None
     document = {**stamp, **run_compare(config, _positive_ints(args.concurrency, "--concurrency"), widths, _warm_up,
-                                       args.repeats)}
+                                       args.repeats, args.waves)}
     print(format_compare(document))
     if args.output:
         out = Path(args.output)

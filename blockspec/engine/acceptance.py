@@ -233,7 +233,8 @@ class AcceptanceModel:
             every, rate = seen.all(), np.where(seen, self.alpha, self.relax)
         else:
             seen, every, rate, _ = self._seen(ran_width)             # [W]
-        accepted = self._accepted(path_nodes)                       # [B, W]
+        # A plain step (width 1) accepts nothing: its [B, W] zeros without a pass over the paths.
+        accepted = self._accepted(path_nodes) if per_row or ran_width > 1 else np.zeros((B, len(self.widths)))
         old = table.take(idx, 0)                                    # [B, W]
         target = accepted if every else np.where(seen, accepted, table.take(self._classes_of(rows), 0))
         new = old + rate * (target - old)

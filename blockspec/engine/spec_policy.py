@@ -62,6 +62,7 @@ _request_id, _status = attrgetter("request_id"), attrgetter("status")
 
 LADDER = (2, 4, 8, 16, 32, 64, 128)   # few widths: each is timed per bucket, and captured on CUDA
 PROBE_BUDGET = 0.03    # the most of the step time each kind of probe may add
+MAX_PROBE_SPACING = 512
 PRIOR_MARGIN = 0.1     # an untimed width estimated from priors is timed unless it loses by more
 
 
@@ -81,8 +82,10 @@ def config_name(width: int, builds_trees: bool) -> str:
 
 def probe_spacing(dear: float, cheap: float) -> int:
     """Steps between probes of a width costing `dear` seconds from a choice costing `cheap`, so
-    that each probe's extra cost stays within PROBE_BUDGET of the steps' time."""
-    return math.ceil(max(dear / cheap - 1.0, 0.0) / PROBE_BUDGET)
+    that each probe's extra cost stays within PROBE_BUDGET of the steps' time; at most
+    MAX_PROBE_SPACING, so that a width whose figure is wrong (a stall timed into it) is re-timed
+    within minutes, not never."""
+    return min(math.ceil(max(dear / cheap - 1.0, 0.0) / PROBE_BUDGET), MAX_PROBE_SPACING)
 
 
 class SpecPolicy:

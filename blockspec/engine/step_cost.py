@@ -20,16 +20,17 @@ from __future__ import annotations
 
 from collections import deque
 
+STALL_FACTOR = 50.0    # a timed step over this × its GPU prior is a stall, not a cost (`_stalled`)
+
 
 def robust_seconds(samples) -> float:
-    """The lower quartile of `samples` (seconds, non-empty; linear interpolation)."""
+    """The lower quartile of `samples` (seconds, non-empty), the sample at rank ⌊(n − 1) / 4⌋:
+    never pulled towards a larger sample, so of two samples it is the smaller (interpolating,
+    one 4.7 s stall beside a 0.6 ms step made a 1.2 s estimate on the H100, and a width that
+    dear is re-timed only after thousands of steps)."""
     if not samples:
         raise ValueError("samples must be non-empty")
-    ordered = sorted(samples)
-    pos = (len(ordered) - 1) / 4
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return float(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo))
+    return float(sorted(samples)[(len(samples) - 1) // 4])
 
 
 class StepCostModel:
@@ -74,12 +75,19 @@ class StepCostModel:
             raise ValueError(f"seconds must be non-negative, got {seconds}")
         key = (self.bucket_for(batch_size), width)
         self._seen[key] = self._seen.get(key, 0) + 1
-        if self._seen[key] <= self.discard:
+        if self._seen[key] <= self.discard or self._stalled(key, seconds):
             return
         self._samples.setdefault(key, deque(maxlen=self.window)).append(seconds)
         table = self._tables.get(key[0])
         if table is not None:
             table[width] = self.measured(batch_size, width)
+
+    def _stalled(self, key: tuple[int, int], seconds: float) -> bool:
+        """A timing over STALL_FACTOR × the step's GPU prior (either variant) is not the
+        step's cost but a stall inside its interval (a compile, a collection, the process
+        descheduled): dropped. Without priors (CPU) every timing is kept."""
+        prior = max((self.priors.get((*key, g), 0.0) for g in (False, True)))
+        return prior > 0 and seconds > STALL_FACTOR * prior
 
     def measured(self, batch_size: int, width: int) -> float | None:
         """Seconds per step timed at this key, or None until it holds `min_samples`."""

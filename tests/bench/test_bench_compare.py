@@ -35,13 +35,13 @@ def test_compare_static_cli_writes_json_and_plot(qwen3_dir, tmp_path, capsys):
     out = tmp_path / "compare.json"
     code = run_cli(["bench", "offline", "--model", qwen3_dir, "--draft-model", str(drafter), "--dataset", "random",
                     "--num-prompts", "2", "--max-tokens", "6", "--random-input-len", "8", "--compare-static",
-                    "--concurrency", "1,2", "--static-widths", "4", "--output", str(out), "--no-progress"])
+                    "--concurrency", "1,2", "--static-widths", "4", "--waves", "3", "--output", str(out), "--no-progress"])
     assert code == 0
     doc = json.loads(out.read_text())
     assert {(r["configuration"], r["concurrency"]) for r in doc["records"]} == {
         (n, c) for n in ("plain", "static-chain4", "adaptive") for c in (1, 2)}
     assert all(r["output_tokens"] > 0 and r["tok_s"] > 0 for r in doc["records"])
-    assert doc["num_prompts"] == {"1": 2, "2": 4}                # max(--num-prompts, 2 × concurrency)
+    assert doc["num_prompts"] == {"1": 3, "2": 6}                # max(--num-prompts, waves × concurrency)
     assert [s["concurrency"] for s in doc["summary"]] == [1, 2]
     assert out.with_suffix(".png").stat().st_size > 0
     # The adaptive policy's timed widths per bucket it ran (ms), beside the statics' tok/s.
@@ -62,7 +62,7 @@ def test_offline_requests_are_seeded_unless_told_not_to():
 
 
 @pytest.mark.parametrize("argv, field", [(["--concurrency", "0"], "--concurrency"),
-                                         (["--static-widths", "1"], "static widths")])
+                                         (["--static-widths", "1"], "static widths"), (["--waves", "0"], "waves")])
 def test_compare_static_bad_lists_are_refused(qwen3_dir, argv, field):
     """ValueError naming the option: the main CLI reports it as a usage error (exit 2)."""
     with pytest.raises(ValueError, match=field):

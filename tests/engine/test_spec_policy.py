@@ -7,15 +7,17 @@ import torch
 
 from blockspec.engine.acceptance import AcceptanceModel, counterfactual_accepts, ema, temperature_class
 from blockspec.engine.sequence import Status
-from blockspec.engine.spec_policy import SpecPolicy, best_width, candidate_widths, config_name
+from blockspec.engine.spec_policy import (MAX_PROBE_SPACING, SpecPolicy, best_width, candidate_widths, config_name,
+                                          probe_spacing)
 from blockspec.engine.step_cost import StepCostModel, robust_seconds
 from blockspec.speculative.step import StepResult
 from blockspec.speculative.tree import PAD_PARENT, build_tree, chain_tree, truncate_tree
 
 
 def test_robust_seconds_is_the_lower_quartile_and_ignores_stalls():
-    assert robust_seconds([1.0, 1.2, 50.0]) == pytest.approx(1.1)
+    assert robust_seconds([1.0, 1.2, 50.0]) == 1.0 and robust_seconds([4.7, 0.0006]) == 0.0006
     assert robust_seconds([3.0, 1.0, 2.0, 40.0, 50.0]) == 2.0 and robust_seconds([7.0]) == 7.0
+    assert robust_seconds([float(x) for x in range(1, 16)]) == 4.0
     with pytest.raises(ValueError, match="samples"):
         robust_seconds([])
 
@@ -26,7 +28,7 @@ def test_cost_model_discards_warmup_and_needs_min_samples():
     m.observe(3, 4, 1.0)
     assert m.estimate(4, 4) is None and [w for w, t in m.table(3).items() if t is None] == [1, 4]
     m.observe(4, 4, 2.0)                       # bucket 4 again
-    assert m.estimate(3, 4) == 1.25 and [w for w, t in m.table(3).items() if t is None] == [1]
+    assert m.estimate(3, 4) == 1.0 and [w for w, t in m.table(3).items() if t is None] == [1]
     for t in (5.0, 5.0, 5.0):                  # the window forgets old samples
         m.observe(3, 4, t)
     assert m.estimate(3, 4) == 5.0
@@ -282,3 +284,22 @@ def test_a_cold_bucket_skips_widths_the_priors_say_lose():
 
     assert widths_run(False) == [8, 1, 2, 4]
     assert widths_run(True) == [8, 1, 2]
+
+
+def test_a_timing_far_over_its_prior_is_a_stall_and_dropped():
+    cost = StepCostModel([1, 2], [1, 4], discard=0, min_samples=2)
+    cost.set_priors({(1, 4, True): 0.001, (1, 1, False): 0.0005})
+    for seconds in (4.7, 0.002, 0.003):        # a 4.7 s compile inside a 1 ms step's interval
+        cost.observe(1, 4, seconds)
+    assert cost.measured(1, 4) == 0.002
+    cost.observe(1, 1, 0.02)                   # 40 × its prior: host-bound, kept
+    cost.observe(1, 1, 0.02)
+    assert cost.measured(1, 1) == 0.02
+    cost.observe(2, 4, 4.7)                    # no prior for bucket 2: kept
+    cost.observe(2, 4, 4.7)
+    assert cost.measured(2, 4) == 4.7
+
+
+def test_probe_spacing_keeps_probes_within_budget_and_is_capped():
+    assert probe_spacing(1.31, 1.0) == 11 and probe_spacing(1.0, 1.0) == 0
+    assert probe_spacing(4.7, 0.0006) == MAX_PROBE_SPACING      # a stall-sized figure still gets re-timed

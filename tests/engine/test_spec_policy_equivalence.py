@@ -164,10 +164,12 @@ def scripted_choices(seed, trees=False, steps=600, max_rows=40):
     return chosen, policy
 
 
-# The widths the policy chose on these scripts before its fast paths (commit ef4b918's code).
-PINNED = {(0, False): ("7b6a4f508f8eafad", {1: 17, 2: 21, 4: 145, 8: 230, 16: 184}),
-          (1, True): ("e16f0dc89b1cebb6", {1: 127, 2: 8, 4: 129, 8: 231, 16: 105}),
-          (2, False): ("b85dc38a85275e2e", {1: 18, 2: 5, 4: 41, 8: 154, 16: 380})}
+# The widths the policy chose on these scripts: pinned first from the code before its fast paths
+# (commit ef4b918), which the fast paths matched exactly; re-pinned when `robust_seconds` became the
+# nearest-rank lower quartile (a deliberate change of the cost estimate, not of the fast paths).
+PINNED = {(0, False): ("a9268f4a455de58d", {1: 17, 2: 16, 4: 208, 8: 250, 16: 106}),
+          (1, True): ("8a9d05d5975a05fa", {1: 19, 2: 11, 4: 46, 8: 132, 16: 392}),
+          (2, False): ("37b62781afd0beee", {1: 18, 2: 8, 4: 113, 8: 220, 16: 239})}
 
 
 @pytest.mark.parametrize("seed, trees", list(PINNED))

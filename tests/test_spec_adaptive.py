@@ -160,3 +160,26 @@ def test_a_narrow_step_walks_only_its_own_levels(qwen3_dir, tmp_path, temperatur
     llm.generate(prompts_for(512, [9], seed=4), SamplingParams(temperature=temperature, max_tokens=12,
                                                                ignore_eos=True))
     assert walked and set(walked) == {0, 1}
+
+
+@pytest.mark.parametrize("spec_verify", ["target-only", "rejection"])
+def test_a_plain_step_draws_only_the_uniform_it_reads(qwen3_dir, tmp_path, spec_verify, monkeypatch):
+    """Width 1 reads one uniform per row (`plain_uniform`): the engine draws that one and leaves
+    the rest of the row's layout zero; a wider step draws every column. (The laws stay exact:
+    test_adaptive_widths_keep_sampling_exact cycles through width 1.)"""
+    drafter = write_dflash_drafter(tmp_path / "drafter", qwen3_dir, block_size=6)
+    widths = itertools.cycle([1, 6])
+    monkeypatch.setattr(SpecPolicy, "choose", lambda self, seqs: next(widths))
+    llm = LLM(model=qwen3_dir, spec="dflash", draft_model=str(drafter), spec_verify=spec_verify)
+    step = llm.engine.spec_step
+    drawn = []
+    real = llm.engine._uniforms
+    monkeypatch.setattr(llm.engine, "_uniforms", lambda *a: drawn.append(real(*a)) or drawn[-1])
+    llm.generate(prompts_for(512, [9, 7], seed=4), SamplingParams(temperature=0.8, max_tokens=8, ignore_eos=True))
+    decode = [u for u in drawn if u.shape[1] == step.uniforms_per_row]
+    plain, wide = decode[0::2], decode[1::2]
+    assert plain and wide
+    for u in plain:
+        assert (u[:, step.plain_uniform] > 0).all() and u.count_nonzero() == u.shape[0]
+    assert all((u > 0).all() for u in wide)
+    assert step.uniform_columns(6) is None

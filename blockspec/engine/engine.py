@@ -287,11 +287,12 @@ class Engine:
     def _decode_step(self, seqs: list[Sequence]) -> list[StepOutput]:
         """Draft (if speculating), verify in one target forward, commit, roll back the rest.
         Overlapped: launch this step, then commit the one in flight (engine/overlap.py)."""
-        uniforms = self._uniforms(seqs, self.spec_step.uniforms_per_row, [True] * len(seqs))
+        width = self.policy.choose(seqs) if self.policy else 1
+        uniforms = self._uniforms(seqs, self.spec_step.uniforms_per_row, [True] * len(seqs),
+                                  self.spec_step.uniform_columns(width))
         processors, num_logprobs = self._step_options(seqs)
         # The graphs carry no processor or logprob state (StepInputs.needs_eager).
         graphable = not processors and num_logprobs is None
-        width = self.policy.choose(seqs) if self.policy else 1
         graphed = self.graphed.at(width) if self.graphed is not None else None
         if self.overlap and graphable and self.graphed.can_run(len(seqs)):
             launched = launch_decode(graphed, seqs, uniforms, self.in_flight)
@@ -322,12 +323,13 @@ class Engine:
     def _commit_step(self, seqs: list[Sequence], step: StepResult, width: int) -> list[StepOutput]:
         outputs = []
         logprobs = step.logprobs or [None] * len(seqs)
+        name = self.policy.name(width) if self.proposer else None
         for s, committed, accepted, drafted, lps in zip(seqs, step.committed, step.accepted, step.drafted, logprobs):
             self.scheduler.commit_decode(s, accepted + 1)   # the root and the accepted drafts are cached
             out = self._commit(self._requests[s.request_id], committed, lps)
-            if self.proposer:
+            if name is not None:
                 # Committed = what was kept: a stop or max_tokens may cut the block short.
-                s.metrics.record_step(drafted, accepted, len(out.new_token_ids), self.policy.name(width))
+                s.metrics.record_step(drafted, accepted, len(out.new_token_ids), name)
             outputs.append(out)
         return outputs
 
@@ -337,14 +339,19 @@ class Engine:
         wanted = [s.params.logprobs for s in seqs if s.params.logprobs is not None]
         return active_processors(self.logits_processors, seqs), (max(wanted) if wanted else None)
 
-    def _uniforms(self, seqs: list[Sequence], n: int, rows: list[bool]) -> torch.Tensor:
+    def _uniforms(self, seqs: list[Sequence], n: int, rows: list[bool], columns: slice | None = None) -> torch.Tensor:
         """This step's uniforms `[B, n]` float64, one draw from the engine's generator for the
         `rows` that sample through them: unseeded sampled rows. Greedy rows need none and seeded
-        rows take the exponential race (blockspec/seeded_sampling.py): zeros there."""
+        rows take the exponential race (blockspec/seeded_sampling.py): zeros there. `columns`:
+        the only ones the step reads (`SpeculativeStep.uniform_columns`); the rest stay zero."""
         out = torch.zeros(len(seqs), n, dtype=torch.float64)
         idx = [i for i, (s, r) in enumerate(zip(seqs, rows)) if r and not s.params.greedy and not races(s.params)]
         if idx:
-            out[idx] = torch.rand(len(idx), n, generator=self.generator, dtype=torch.float64)
+            if columns is None:
+                out[idx] = torch.rand(len(idx), n, generator=self.generator, dtype=torch.float64)
+            else:
+                span = len(range(n)[columns])
+                out[idx, columns] = torch.rand(len(idx), span, generator=self.generator, dtype=torch.float64)
         return out
 
     # ---- after a step: commit, stop, detokenize ---------------------------------------------

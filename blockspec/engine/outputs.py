@@ -39,12 +39,15 @@ class SpecMetrics:
         """One verify step: `accepted` drafts on the verifier's walk, `committed` tokens kept,
         run as `configuration` (`spec_policy.config_name`)."""
         if configuration is not None:
-            self.configurations[configuration] = self.configurations.get(configuration, 0) + 1
-        accepted = min(accepted, committed)  # drafts past a cut were never emitted
+            counts = self.configurations
+            counts[configuration] = counts.get(configuration, 0) + 1
         self.verify_steps += 1
+        self.committed_tokens += committed
+        if not drafted:              # a plain step (the adaptive policy's width 1): nothing else moves
+            return
+        accepted = min(accepted, committed)  # drafts past a cut were never emitted
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
-        self.committed_tokens += committed
         if len(self.accepted_per_position) < drafted:
             self.accepted_per_position.extend([0] * (drafted - len(self.accepted_per_position)))
         for k in range(accepted):

@@ -125,6 +125,16 @@ class SpeculativeStep:
             return 2 * self.proposer.max_nodes
         return 2 * self.max_depth if self.rejection else 0
 
+    def uniform_columns(self, width: int) -> slice | None:
+        """The uniforms a step at `width` reads, when it reads fewer than `uniforms_per_row`
+        (None: all). A plain step (width 1) of a speculative engine reads its bonus's only
+        (`plain_uniform`), so the engine draws just that one (drawing 2 N + 1 per row for a
+        64-node tree was host time a plain engine does not spend). Lossless: which uniforms are
+        drawn depends on the width, which depends on past steps only; the ones read are fresh."""
+        if width == 1 and self.proposer is not None:
+            return slice(self.plain_uniform, self.plain_uniform + 1)
+        return None
+
     @property
     def drafts_on_device(self) -> bool:
         """True when drafting is device work too (no proposer, DFlash chains): the whole step,

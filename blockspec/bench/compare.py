@@ -98,9 +98,11 @@ def median_record(runs: list[dict]) -> dict:
 
 
 def run_compare(config, concurrencies: list[int], static_widths: list[int] | None, warm_up,
-                repeats: int = 1, waves: int = 2) -> dict:
+                repeats: int = 1, waves: int = 2, on_progress=None) -> dict:
     """Every configuration at every concurrency. `config`: the OfflineBenchConfig (its first
-    dataset and temperature); `warm_up(llm, ids)` runs one short request."""
+    dataset and temperature); `warm_up(llm, ids)` runs one short request; `on_progress(doc)`,
+    when given, gets the document of the concurrencies done so far after each one (a run cut
+    short keeps them)."""
     from blockspec.bench.datasets import load_dataset
     from blockspec.bench.offline import _params, prompt_token_ids
     if not concurrencies or any(c < 1 for c in concurrencies):
@@ -126,16 +128,21 @@ def run_compare(config, concurrencies: list[int], static_widths: list[int] | Non
         warm_up(llm, ids[0])
     records = []
     names = list(llms)
-    for c in concurrencies:
+    for i, c in enumerate(concurrencies):
         k = max(config.num_prompts, waves * c)
         rounds: dict[str, list] = {name: [] for name in names}
         for r in range(repeats):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 rounds[name].append(run_concurrency(llms[name], ids[:k], params[:k], c))
         records += [{"configuration": name, **median_record(rounds[name])} for name in names]
-    return {**config.spec_fields(), "dataset": config.datasets[0], "temperature": config.temperatures[0],
-            "num_prompts": {c: max(config.num_prompts, waves * c) for c in concurrencies}, "concurrencies": concurrencies, "repeats": repeats, "records": records, "summary": summarise(records),
-            "policy_host_seconds": engine.policy.host_seconds, "cost_tables": cost_tables(engine.policy)}
+        done = concurrencies[:i + 1]
+        doc = {**config.spec_fields(), "dataset": config.datasets[0], "temperature": config.temperatures[0],
+               "num_prompts": {c: max(config.num_prompts, waves * c) for c in done}, "concurrencies": done,
+               "repeats": repeats, "records": records, "summary": summarise(records),
+               "policy_host_seconds": engine.policy.host_seconds, "cost_tables": cost_tables(engine.policy)}
+        if on_progress is not None:
+            on_progress(doc)
+    return doc
 
 
 def cost_tables(policy) -> dict:

@@ -297,8 +297,11 @@ def _compare_static(args: argparse.Namespace, config, stamp: dict) -> int:
     from blockspec.bench.offline import _warm_up
     config.validate()
     widths = _positive_ints(args.static_widths, "--static-widths") if args.static_widths else None
+    def save(partial: dict) -> None:       # after each concurrency: a run cut short keeps what it measured
+        if args.output:
+            Path(args.output).write_text(json.dumps({**stamp, **partial}, indent=2))
     document = {**stamp, **run_compare(config, _positive_ints(args.concurrency, "--concurrency"), widths, _warm_up,
-                                       args.repeats, args.waves)}
+                                       args.repeats, args.waves, save)}
     print(format_compare(document))
     if args.output:
         out = Path(args.output)

@@ -52,6 +52,18 @@ def test_compare_static_cli_writes_json_and_plot(qwen3_dir, tmp_path, capsys):
     assert "÷ best" in capsys.readouterr().out
 
 
+def test_compare_keeps_each_finished_concurrency(qwen3_dir, tmp_path):
+    """The JSON is written after each concurrency: a run stopped midway keeps what it measured."""
+    from blockspec.bench.compare import run_compare
+    from blockspec.bench.offline import OfflineBenchConfig, _warm_up
+    drafter = write_dflash_drafter(tmp_path / "drafter", qwen3_dir, block_size=4)
+    config = OfflineBenchConfig(model=qwen3_dir, draft_model=str(drafter), spec="dflash", datasets=["random"],
+                                num_prompts=1, max_tokens=4, random_input_len=8, progress=False)
+    seen = []
+    doc = run_compare(config, [1, 2], [4], _warm_up, on_progress=lambda d: seen.append(d["concurrencies"]))
+    assert seen == [[1], [1, 2]] and doc["concurrencies"] == [1, 2]
+
+
 def test_offline_requests_are_seeded_unless_told_not_to():
     from blockspec.bench.datasets import BenchPrompt
     from blockspec.bench.offline import OfflineBenchConfig, _params

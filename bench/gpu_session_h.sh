@@ -20,8 +20,8 @@ fi
 # PART=3, the final build: every concurrency, 32 prompts or 4 per request slot a cell (so c = 64 runs
 # 256 prompts, not two waves of ramp and tail), then the steady steps without profiling.
 if [ "${PART:-1}" = 3 ]; then
-  RUNS="T1u:1:u" CONC=1,2,4,8,16,32,64 PROMPTS=32 WAVES=4 REPEATS=2 CELL_S=${CELL_S:-250} bash bench/gpu_session_e.sh
-  RUNS="T0:0" CONC=1,2,4,8,16,32,64 PROMPTS=32 WAVES=4 REPEATS=2 CELL_S=${CELL_S0:-200} bash bench/gpu_session_e.sh
+  RUNS="T1u:1:u" CONC=${CONC3:-1,2,4,8,16,32,64} PROMPTS=32 WAVES=4 REPEATS=2 CELL_S=${CELL_S:-250} bash bench/gpu_session_e.sh
+  RUNS="T0:0" CONC=${CONC3:-1,2,4,8,16,32,64} PROMPTS=32 WAVES=4 REPEATS=2 CELL_S=${CELL_S0:-200} bash bench/gpu_session_e.sh
   [ -n "${STEADY:-}" ] && timeout 75 python3 bench/steady_steps.py --device cuda --dtype bfloat16 --batches 1,16,64 \
       --widths 1,16 --rounds 2 --output "$OUT/steady_steps_T1.json" 2>&1 | grep -v -i "warn\|graph replay"
 fi

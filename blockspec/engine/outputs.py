@@ -36,15 +36,18 @@ class SpecMetrics:
         return self.committed_tokens / self.verify_steps if self.verify_steps else 0.0
 
     def record_step(self, drafted: int, accepted: int, committed: int, configuration: str | None = None) -> None:
-        """One verify step: `accepted` drafts on the verifier's walk, `committed` tokens kept,
-        run as `configuration` (`spec_policy.config_name`)."""
+        """One decode step: `drafted` draft nodes verified, `accepted` of them on the verifier's
+        walk, `committed` tokens kept, run as `configuration` (`spec_policy.config_name`). A step
+        that verified no drafts (the adaptive policy's plain steps, an n-gram row without a
+        match) is counted under its configuration only: it is not a verify step, so τ stays
+        the tokens per step that verified drafts (docs/metrics.md)."""
         if configuration is not None:
             counts = self.configurations
             counts[configuration] = counts.get(configuration, 0) + 1
+        if not drafted:
+            return
         self.verify_steps += 1
         self.committed_tokens += committed
-        if not drafted:              # a plain step (the adaptive policy's width 1): nothing else moves
-            return
         accepted = min(accepted, committed)  # drafts past a cut were never emitted
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted

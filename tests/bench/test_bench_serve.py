@@ -44,7 +44,8 @@ def test_sweep_writes_figures_json_and_plots(ngram_server, tmp_path, capsys):
             s = r[metric]
             assert 0 < s["p50"] <= s["p90"] <= s["p99"], (metric, s)
         assert r["spec_algorithm"] == "ngram"
-        assert r["accept_length"] >= 1 and len(r["request_accept_lengths"]) == 4
+        # A request whose random prompt never gave the n-gram a match verified no drafts: it has no τ.
+        assert r["accept_length"] >= 1 and 1 <= len(r["request_accept_lengths"]) <= 4
         # The server's own counters over the cell tell the same story as the responses.
         assert r["accept_length_metrics"] == pytest.approx(r["accept_length"], abs=0.01)
     assert set(doc["plots"]) == {"throughput", "tpot", "accept_length"}

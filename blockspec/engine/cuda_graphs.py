@@ -140,6 +140,33 @@ class GraphedStep:
         else:
             st.outputs = self._step(st, bs)
 
+    @torch.inference_mode()
+    def replay_seconds(self, reps: int = 5) -> dict[tuple[int, bool], float]:
+        """(bucket, all greedy) → seconds per replay of that graph on the inputs it was captured
+        with (every row padding: no context, page 0), the median of `reps` replays after one,
+        timed with CUDA events: the step's GPU work alone. (On a CPU, the static-buffer step on
+        the wall clock.) Run before serving: the replays overwrite the carry, so no step may be
+        in flight."""
+        times = {}
+        for (bs, greedy), st in self.static.items():
+            samples = []
+            for i in range(reps + 1):
+                if st.graph is not None:
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    self._replay(st, bs)
+                    end.record()
+                    end.synchronize()
+                    seconds = start.elapsed_time(end) / 1e3
+                else:
+                    begin = time.perf_counter()
+                    self._replay(st, bs)
+                    seconds = time.perf_counter() - begin
+                if i:
+                    samples.append(seconds)
+            times[bs, greedy] = sorted(samples)[len(samples) // 2]
+        return times
+
     def can_run(self, batch_size: int, needs_eager: str | None = None) -> bool:
         """Whether a captured graph can take this batch. `needs_eager` (`StepInputs.needs_eager`)
         names what the graphs were captured without (logits processors, logprobs): such a batch
@@ -223,34 +250,11 @@ class WidthGraphs:
             log.info("CUDA graphs for %d verify widths %s captured in %.1f s", len(widths), sorted(widths),
                      self.capture_seconds)
 
-    @torch.inference_mode()
     def replay_seconds(self, reps: int = 5) -> dict[tuple[int, int, bool], float]:
-        """(bucket, width, all greedy) → seconds per replay of that graph on the inputs it was
-        captured with (every row padding: no context, page 0), the median of `reps` replays
-        after one, timed with CUDA events: the step's GPU work alone, for the adaptive
-        policy's priors (`StepCostModel.set_priors`). (On a CPU, the static-buffer step on the
-        wall clock.) Run before serving: the replays overwrite the carry, so no step may be in
-        flight."""
-        times = {}
-        for width, graphed in self.by_width.items():
-            for (bs, greedy), st in graphed.static.items():
-                samples = []
-                for i in range(reps + 1):
-                    if st.graph is not None:
-                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        start.record()
-                        graphed._replay(st, bs)
-                        end.record()
-                        end.synchronize()
-                        seconds = start.elapsed_time(end) / 1e3
-                    else:
-                        begin = time.perf_counter()
-                        graphed._replay(st, bs)
-                        seconds = time.perf_counter() - begin
-                    if i:
-                        samples.append(seconds)
-                times[bs, width, greedy] = sorted(samples)[len(samples) // 2]
-        return times
+        """(bucket, width, all greedy) → seconds per replay of that graph (`GraphedStep.replay_seconds`),
+        for the adaptive policy's priors (`StepCostModel.set_priors`)."""
+        return {(bs, width, greedy): t for width, graphed in self.by_width.items()
+                for (bs, greedy), t in graphed.replay_seconds(reps).items()}
 
     def at(self, width: int) -> GraphedStep:
         if width not in self.by_width:

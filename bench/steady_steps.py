@@ -96,7 +96,8 @@ def measure(engine, label: str, args, batch: int, force: int | None) -> dict:
     rounds = [time_steps(engine, args.steps) for _ in range(args.rounds)]
     row["ms_overlap" if overlap else "ms"] = round(statistics.median(rounds) * 1e3, 4)
     if overlap:                      # the same steps synchronous (the step in flight read first)
-        engine._finish_in_flight() if engine.in_flight is not None else None
+        if engine.in_flight is not None:
+            engine._finish_in_flight()
         engine.overlap = False
         row["ms_sync"] = round(time_steps(engine, args.steps) * 1e3, 4)
         engine.overlap = True

@@ -347,11 +347,9 @@ class Engine:
         out = torch.zeros(len(seqs), n, dtype=torch.float64)
         idx = [i for i, (s, r) in enumerate(zip(seqs, rows)) if r and not s.params.greedy and not races(s.params)]
         if idx:
-            if columns is None:
-                out[idx] = torch.rand(len(idx), n, generator=self.generator, dtype=torch.float64)
-            else:
-                span = len(range(n)[columns])
-                out[idx, columns] = torch.rand(len(idx), span, generator=self.generator, dtype=torch.float64)
+            columns = columns or slice(None)
+            out[idx, columns] = torch.rand(len(idx), out[:, columns].shape[1], generator=self.generator,
+                                           dtype=torch.float64)
         return out
 
     # ---- after a step: commit, stop, detokenize ---------------------------------------------

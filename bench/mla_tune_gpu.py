@@ -71,6 +71,8 @@ def main():
     ap.add_argument("--budget-s", type=float, default=200.0)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--wide", action="store_true", help="only the wide-tile / long-step candidates")
+    ap.add_argument("--configs", default=None,
+                    help="explicit tilings 'block_m,block_n,v_splits,num_warps,num_stages;…' (instead of a sweep)")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
     bandwidth = copy_bandwidth(torch.device("cuda"))
@@ -91,7 +93,11 @@ def main():
         results["cases"][name] = {"floor_ms": floor, "default_ms": ms, "tried": []}
         print(f"{name}: default {ms:.3f} ms, latent read {floor:.3f} ms (x {ms / floor:.2f})", flush=True)
     start = time.time()
-    for cfg in (wide_candidates() if args.wide else candidates()):
+    if args.configs:
+        tried = [MLAConfig(*map(int, c.split(","))) for c in args.configs.split(";") if c.strip()]
+    else:
+        tried = wide_candidates() if args.wide else candidates()
+    for cfg in tried:
         if time.time() - start > args.budget_s:
             print("budget spent; stopping the sweep", flush=True)
             break

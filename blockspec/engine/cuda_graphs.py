@@ -66,13 +66,16 @@ class GraphedStep:
 
     def __init__(self, device_step, width: int, num_uniforms: int, max_pages: int, page_size: int,
                  tree_shaped: bool, drafts_on_device: bool, device: torch.device, max_bs: int,
-                 share: "GraphedStep | None" = None):
+                 share: "GraphedStep | None" = None, after_replay=None):
         """`device_step(inputs, tree | None) -> (VerifyResult, num_nodes)`; `tree_shaped`: the
         proposer builds branching trees (tree mask and compaction are always captured);
         `drafts_on_device`: the tree is made inside the step (passed as None). `share`: a
         graph set of another verify width whose memory pool, carry buffer and replay count
-        this one shares (`WidthGraphs`: a step of one width may follow a step of another)."""
+        this one shares (`WidthGraphs`: a step of one width may follow a step of another).
+        `after_replay(bucket, all_greedy, rows)`: called after each graph replay of a real batch
+        (the plain step's deferred drafter context: `DeferredContext`)."""
         self.fn = device_step
+        self.after_replay = after_replay
         self.drafts_on_device = drafts_on_device
         self.width, self.num_uniforms, self.max_pages = width, num_uniforms, max_pages
         self.page_size, self.tree_shaped, self.device = page_size, tree_shaped, device
@@ -133,10 +136,14 @@ class GraphedStep:
         self.carry[1, :bs].copy_(result.committed.gather(1, result.accept_len[:, None])[:, 0])
         return result, num_nodes, packed_result(result, num_nodes)
 
-    def _replay(self, st: _Static, bs: int) -> None:
+    def _replay(self, st: _Static, bs: int, rows: int | None = None) -> None:
+        """Replay (on a CPU: run) bucket `bs`'s step; `rows`: the real batch's size (None: a
+        timing replay, nothing follows it)."""
         self._replays[0] += 1
         if st.graph is not None:
             st.graph.replay()
+            if rows is not None and self.after_replay is not None:
+                self.after_replay(bs, st.all_greedy, rows)
         else:
             st.outputs = self._step(st, bs)
 
@@ -207,7 +214,7 @@ class GraphedStep:
         if tree is not None:
             for name in ("tokens", "parents", "depths", "num_nodes"):
                 getattr(stree, name)[:B].copy_(getattr(tree, name))
-        self._replay(st, self.bucket_for(B))
+        self._replay(st, self.bucket_for(B), B)
         result, num_nodes, _ = st.outputs
         return type(result)(**{k: v[:B] for k, v in vars(result).items() if v is not None}), num_nodes[:B]
 
@@ -223,7 +230,7 @@ class GraphedStep:
         host = PackedStep.empty(bs, self.max_pages, self.num_uniforms, pin=self.device.type == "cuda")
         host.fill(seqs, uniforms, previous_rows)
         st.packed.flat.copy_(host.flat, non_blocking=True)
-        self._replay(st, bs)
+        self._replay(st, bs, B)
         return st.outputs[2][:B]
 
 
@@ -232,15 +239,17 @@ class WidthGraphs:
     sharing one memory pool, carry buffer and replay count. Static policy: the method's width
     only. Capture time and graph memory grow with the number of widths (logged)."""
 
-    def __init__(self, make_step, widths: list[int], **kwargs):
+    def __init__(self, make_step, widths: list[int], plain_after_replay=None, **kwargs):
         """`make_step(width)` → the `device_step(inputs, tree)` captured at that width;
-        `kwargs`: `GraphedStep`'s other arguments."""
+        `plain_after_replay`: the width-1 step's `after_replay`; `kwargs`: `GraphedStep`'s other
+        arguments."""
         if not widths:
             raise ValueError("widths must be non-empty")
         self.by_width: dict[int, GraphedStep] = {}
         first = None
         for w in sorted(widths, reverse=True):
-            graphed = GraphedStep(make_step(w), w, share=first, **kwargs)
+            graphed = GraphedStep(make_step(w), w, share=first, after_replay=plain_after_replay if w == 1 else None,
+                                  **kwargs)
             graphed.capture()
             first = first or graphed
             first.pool = graphed.pool

@@ -168,7 +168,8 @@ class Engine:
                       drafts_on_device=self.spec_step.drafts_on_device, device=self.device,
                       max_bs=min(self.config.cuda_graph_max_bs, self.config.max_running_requests))
         make = lambda w: lambda inputs, tree: self.spec_step.device_step(self.runner, inputs, tree, width=w)  # noqa: E731
-        return WidthGraphs(make, self.policy.widths if self.policy else [1], **kwargs)
+        return WidthGraphs(make, self.policy.widths if self.policy else [1],
+                           plain_after_replay=self.proposer.defer_staged if self.proposer else None, **kwargs)
 
     # ---- requests -------------------------------------------------------------------------
     def _verify_label(self, params) -> str:
@@ -248,6 +249,8 @@ class Engine:
         return self._decode_step(scheduled.seqs)
 
     def _prefill_step(self, seqs: list[Sequence], chunk_lens: list[int]) -> list[StepOutput]:
+        if self.proposer:   # plain steps' deferred drafter context lands before the prompt's
+            self.proposer.flush_context()
         samples = [s.num_cached + n == s.prefill_target and s.num_output == 0 for s, n in zip(seqs, chunk_lens)]
         inputs = prefill_inputs(seqs, chunk_lens, self._uniforms(seqs, 1, samples), self.cache.page_size, self.device)
         inputs.processors, inputs.num_logprobs = self._step_options(seqs)
@@ -288,6 +291,8 @@ class Engine:
         """Draft (if speculating), verify in one target forward, commit, roll back the rest.
         Overlapped: launch this step, then commit the one in flight (engine/overlap.py)."""
         width = self.policy.choose(seqs) if self.policy else 1
+        if width > 1:       # the drafter reads its context: plain steps' deferred writes first
+            self.proposer.flush_context()
         uniforms = self._uniforms(seqs, self.spec_step.uniforms_per_row, [True] * len(seqs),
                                   self.spec_step.uniform_columns(width))
         processors, num_logprobs = self._step_options(seqs)

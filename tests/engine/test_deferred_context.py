@@ -1,0 +1,122 @@
+"""A plain step's drafter context write is deferred and written in one batch before the drafter
+next reads its context (`DeferredContext`, speculative/proposers.py): the drafter's cache ends
+as it would with every write made at once, prompts written after are never overwritten by an
+earlier request's late rows, and outputs are unchanged."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import blockspec.speculative.proposers as proposers
+from blockspec.engine.spec_policy import SpecPolicy
+from blockspec.sampling import SamplingParams
+from blockspec.speculative.proposers import DeferredContext
+from graph_fixtures import DEVICE, engine_for, requests, run
+
+
+def test_rows_are_written_first_in_first_out_in_one_call(monkeypatch):
+    calls = []
+    deferred = DeferredContext(lambda f, p, s: calls.append((f.clone(), p.clone(), s.clone())))
+    f1, f2 = torch.randn(2, 1, 5), torch.randn(3, 1, 5)
+    deferred.add(f1, torch.tensor([[4], [9]]), torch.tensor([[40], [90]]), True)
+    deferred.add(f2, torch.tensor([[5], [10], [2]]), torch.tensor([[41], [91], [22]]), False)
+    assert calls == [] and deferred.rows == 5
+    deferred.flush()
+    (features, positions, slots), = calls
+    assert torch.equal(features, torch.cat([f1, f2]))
+    assert positions[:, 0].tolist() == [4, 9, 5, 10, 2] and slots[:, 0].tolist() == [40, 90, 41, 91, 22]
+    deferred.flush()
+    assert len(calls) == 1                                        # nothing left: no second write
+    monkeypatch.setattr(proposers, "MAX_DEFERRED_ROWS", 4)
+    for _ in range(2):
+        deferred.add(f1, torch.tensor([[4], [9]]), torch.tensor([[40], [90]]), True)
+    assert len(calls) == 2 and deferred.pending == []              # a long plain stretch flushes early
+
+
+def widths_from(sequence):
+    """A stand-in policy choosing from a fixed sequence (the past only: a step count)."""
+    steps = itertools.cycle(sequence)
+    return lambda self, seqs: next(steps)
+
+
+def drafter_cache(engine) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drafter's context K/V past page 0 (padding rows' scratch), any deferred rows written."""
+    proposer = engine.proposer
+    proposer.flush_context()
+    skip = proposer.cache.page_size
+    return proposer.cache.k[:, skip:].clone(), proposer.cache.v[:, skip:].clone()
+
+
+def immediate_writes(monkeypatch):
+    """The engine as before deferral: every plain step writes its context at once."""
+    def add(self, features, positions, slots, all_greedy):
+        self.write(features, positions, slots)
+    monkeypatch.setattr(DeferredContext, "add", add)
+
+
+@pytest.mark.parametrize("graphs, overlap", [(False, False), (True, False), (True, True)])
+def test_deferred_context_ends_as_immediate_writes(qwen3_dir, drafter, graphs, overlap, monkeypatch):
+    """Plain stretches, drafting steps and requests that finish and free their pages to later
+    prompts (7 requests, batch of 4): the drafter's cache equals immediate writes', and so do
+    the outputs. With `graphs` (CPU: the graph code on static buffers; CUDA: captured graphs,
+    whose plain replays stage their rows for `defer_staged`), and overlapped decoding."""
+    monkeypatch.setattr(SpecPolicy, "choose", widths_from([1, 1, 1, 5, 1, 2, 1, 1]))
+    reqs = requests()
+    deferred_engine = engine_for(qwen3_dir, "dflash", drafter, graphs=graphs, overlap=overlap, spec_policy="adaptive")
+    got = run(deferred_engine, reqs)
+    assert deferred_engine.proposer.deferred.rows > 0 or graphs   # the run ended with rows still deferred
+    deferred = drafter_cache(deferred_engine)
+    monkeypatch.setattr(SpecPolicy, "choose", widths_from([1, 1, 1, 5, 1, 2, 1, 1]))
+    immediate_writes(monkeypatch)
+    immediate_engine = engine_for(qwen3_dir, "dflash", drafter, graphs=graphs, overlap=overlap, spec_policy="adaptive")
+    assert run(immediate_engine, reqs) == got
+    for a, b in zip(deferred, drafter_cache(immediate_engine)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_later_prompt_is_not_overwritten_by_an_earlier_requests_late_rows(qwen3_dir, drafter, monkeypatch):
+    """Request A decodes plainly and finishes with rows deferred; B's prompt reuses A's pages. The
+    engine flushes before B's prefill, so B's prompt context survives. Negative control: with the
+    flush before prefills removed, A's rows land on B's prompt and the caches differ."""
+    a = ("a", list(range(30, 40)), SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    b = ("b", list(range(60, 75)), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+
+    def caches(no_prefill_flush: bool = False, deferring: bool = True):
+        monkeypatch.setattr(SpecPolicy, "choose", widths_from([1] * 11 + [5] * 100))
+        engine = engine_for(qwen3_dir, "dflash", drafter, graphs=False, spec_policy="adaptive")
+        proposer = engine.proposer
+        if no_prefill_flush:
+            real_prefill, real_flush = engine._prefill_step, proposer.flush_context
+
+            def prefill(*args):
+                proposer.flush_context = proposer._flush_outside_capture = lambda: None
+                try:
+                    return real_prefill(*args)
+                finally:
+                    del proposer._flush_outside_capture
+                    proposer.flush_context = real_flush
+            engine._prefill_step = prefill
+        run(engine, [a])
+        assert (proposer.deferred.rows > 0) == deferring          # A finished with its rows deferred
+        run(engine, [b])
+        return drafter_cache(engine)
+
+    good, bad = caches(), caches(no_prefill_flush=True)
+    immediate_writes(monkeypatch)
+    want = caches(deferring=False)
+    for x, y in zip(good, want):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+    assert not all(torch.allclose(x, y, rtol=1e-5, atol=1e-5) for x, y in zip(bad, want))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="plain steps' graphs stage their rows only when captured on CUDA")
+def test_captured_plain_steps_stage_their_rows(qwen3_dir, drafter, monkeypatch):
+    monkeypatch.setattr(SpecPolicy, "choose", widths_from([1]))
+    engine = engine_for(qwen3_dir, "dflash", drafter, graphs=True, spec_policy="adaptive")
+    assert engine.proposer.deferred.staged                      # the plain graphs left their rows' tensors
+    engine.proposer.flush_context()
+    run(engine, requests(3))
+    assert engine.proposer.deferred.rows > 0

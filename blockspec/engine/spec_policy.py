@@ -31,7 +31,10 @@ its narrower neighbour's cost is skipped: `_costs_or_width_to_time`). Then two k
   drafts turn good again is noticed; at the full width every step observes everything;
 - cost: every `retime_interval` steps (or further apart, by the same budget, for a dearer width)
   two steps run another candidate in turn (the second is timed, below), so one unlucky timing
-  cannot lock a width out.
+  cannot lock a width out;
+- first looks: a batch holding a request never run at the full width runs it once, when a
+  credit of PROBE_BUDGET of each narrower step's cost covers the look's extra cost, so a new
+  request's own acceptance decides, not only its class's figure.
 
 Timing: a step costs the time from the end of the previous step's commit to the end of its own
 — counted only when the previous step ran at the same width and batch bucket with nothing in
@@ -110,6 +113,11 @@ class SpecPolicy:
         self.choices: Counter = Counter()         # config name → steps (logged with the cost table)
         self.host_seconds = 0.0                   # the policy's own time (choose + observe)
         self._last: tuple[float, tuple[int, int]] | None = None   # (time, (bucket, width)) of the last step
+        # First looks: requests not yet observed at the full width, and the budget for looking.
+        self._looked: set[str] = set()
+        self._batch_ids: list[str] | None = None
+        self._look_wanted = False
+        self._look_credit = 0.0
 
     def name(self, width: int) -> str:
         return config_name(width, self.builds_trees)
@@ -125,9 +133,12 @@ class SpecPolicy:
 
     def _choose(self, seqs) -> int:
         B = len(seqs)
+        ids = list(map(_request_id, seqs))
+        if ids != self._batch_ids:                # (a C-level comparison; the batch rarely changes)
+            self._batch_ids = ids
+            self._look_wanted = not self._looked.issuperset(ids)
         # Rows' classes only for requests the model has not seen (a per-row call costs ≈ 0.4 µs).
-        totals = self.acceptance.expected_totals(list(map(_request_id, seqs)),
-                                                 lambda i: temperature_class(seqs[i].params))
+        totals = self.acceptance.expected_totals(ids, lambda i: temperature_class(seqs[i].params))
         costs, to_time = self._costs_or_width_to_time(B, totals, lambda: all(s.params.greedy for s in seqs))
         if to_time is not None:
             return to_time
@@ -147,6 +158,17 @@ class SpecPolicy:
                 self._steps, self._probes, self._retime_next = 0, self._probes + 1, other
                 return other
         if width < self.full_width:
+            # A first look: a request that joined is seen once at the full width, when the budget
+            # allows, so that its own acceptance (not only its class's figure, which a few early
+            # requests may have set) decides whether it speculates. At concurrency 1 on a CPU a
+            # class figure set low by the first prompt kept later requests plain: periodic probes
+            # came every ≈ 94 steps, after most requests had ended.
+            spend = costs[self.full_width] - costs[width]
+            self._look_credit = min(self._look_credit + PROBE_BUDGET * costs[width], 2 * spend)
+            if self._look_wanted and self._look_credit >= spend:
+                self._look_credit -= spend
+                self._look_wanted = False
+                return self.full_width
             self._since_probe += 1
             # A probe costs cost(full) − cost(width) more than the step it replaces (a 16-wide
             # chain can cost 5 plain steps on a CPU, where probing every 16 steps cost a quarter
@@ -205,14 +227,17 @@ class SpecPolicy:
             return
         if previous is not None and previous[1] == key:
             self.cost.observe(len(seqs), width, now - previous[0])
-        if step.path_nodes is not None:         # plain rows too: their wider widths relax
-            live, paths = seqs, step.path_nodes
-            # C-level passes over the rows: a Python loop (getattr, the class) cost ≈ 1 µs a row.
-            if Status.FINISHED in map(_status, seqs):
-                keep = [i for i, s in enumerate(seqs) if s.status is not Status.FINISHED]
-                live, paths = [seqs[i] for i in keep], [paths[i] for i in keep]
-            self.acceptance.observe_step(list(map(_request_id, live)),
-                                         lambda i: temperature_class(live[i].params), paths, width)
+        live, paths = seqs, step.path_nodes
+        # C-level passes over the rows: a Python loop (getattr, the class) cost ≈ 1 µs a row.
+        if Status.FINISHED in map(_status, seqs):     # (finished: already forgotten)
+            keep = [i for i, s in enumerate(seqs) if s.status is not Status.FINISHED]
+            live, paths = [seqs[i] for i in keep], None if paths is None else [paths[i] for i in keep]
+        live_ids = list(map(_request_id, live))
+        if width == self.full_width:
+            self._looked.update(live_ids)
+            self._look_wanted = False
+        if paths is not None:                   # plain rows too: their wider widths relax
+            self.acceptance.observe_step(live_ids, lambda i: temperature_class(live[i].params), paths, width)
         bucket = key[0]
         if bucket not in self.cost.logged and all(t is not None for t in self.cost.table(len(seqs)).values()):
             self.cost.logged.add(bucket)
@@ -225,3 +250,4 @@ class SpecPolicy:
 
     def forget(self, request_id: str) -> None:
         self.acceptance.forget(request_id)
+        self._looked.discard(request_id)

@@ -303,3 +303,41 @@ def test_a_timing_far_over_its_prior_is_a_stall_and_dropped():
 def test_probe_spacing_keeps_probes_within_budget_and_is_capped():
     assert probe_spacing(1.31, 1.0) == 11 and probe_spacing(1.0, 1.0) == 0
     assert probe_spacing(4.7, 0.0006) == MAX_PROBE_SPACING      # a stall-sized figure still gets re-timed
+
+
+def _serial_requests(policy, accepts_of_request, steps_each=60):
+    """Requests one after another (concurrency 1): request r's drafts accept
+    `accepts_of_request(r, w)` at width w; a full-width step costs 2.6 plain ones (a CPU at batch 1).
+    Returns each request's widths."""
+    params = SimpleNamespace(greedy=True, temperature=0.0, seed=None)
+    clock, runs = 0.0, []
+    for r in range(6):
+        seqs, chosen = [SimpleNamespace(request_id=f"q{r}", status=Status.RUNNING, params=params)], []
+        policy.interrupt()                                  # its prefill ran in between
+        for _ in range(steps_each):
+            w = policy.choose(seqs)
+            acc = accepts_of_request(r, w)
+            clock += 0.01 if w == 1 else 0.024 + 0.0002 * w
+            policy.observe(seqs, w, StepResult([[0] * (acc + 1)], [acc], [w - 1], [list(range(1, acc + 1))]),
+                           now=clock)
+            chosen.append(w)
+        policy.forget(f"q{r}")
+        runs.append(chosen)
+    return runs
+
+
+def test_a_joining_request_gets_a_first_look_so_a_low_class_figure_does_not_keep_it_plain():
+    """The first request's drafts are all rejected, every later one's all accepted. The class figure
+    the first leaves is low; each later request is run once at the full width (a first look, paid
+    from the probe budget) and then speculates on its own figure. Negative control: without first
+    looks the next requests start from the low class figure and stay plain until a periodic
+    probe, most of their lives."""
+    accepts = lambda r, w: 0 if r == 0 else w - 1     # noqa: E731
+    runs = _serial_requests(SpecPolicy("adaptive", 8, False, [1]), accepts)
+    assert runs[0][10:].count(1) >= 0.8 * len(runs[0][10:])
+    assert all(run.count(8) >= 0.7 * len(run) for run in runs[1:]), [run.count(8) for run in runs]
+
+    blind = SpecPolicy("adaptive", 8, False, [1])
+    blind._looked = type("Everyone", (set,), {"issuperset": lambda self, ids: True})()
+    runs = _serial_requests(blind, accepts)
+    assert runs[1].count(1) >= 0.7 * len(runs[1]) and runs[2].count(1) >= 0.7 * len(runs[2])

@@ -21,6 +21,7 @@ CPU tensors (`TRITON_INTERPRET=1`, float32/float16).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -143,18 +144,29 @@ class MLAConfig:
     num_stages: int
 
 
-def mla_config(latent_dim: int, on_cuda: bool, query_rows: int = 1) -> MLAConfig:
-    """The launch tiling for `query_rows` = B · Q queries. Two sweeps on an H200 at Kimi's shapes
-    (`bench/mla_tune_gpu.py`, bench/results/gpu_session_a/ and gpu_session_b/): a tile of all 64
-    heads without value splits, its accumulator over 8 warps, read the cache once per key split
-    and ran 1.7x faster than 16-head tiles at batch 16, context 32k (0.57 against 0.98 ms); with
-    few queries (batch 1) 32-head tiles with 64-key steps won (0.047 against 0.067 ms), as more
-    programs share the context. Value splits only recomputed the scores and lost everywhere."""
+def mla_config(latent_dim: int, on_cuda: bool, query_rows: int = 1, deep_pipeline: bool = True) -> MLAConfig:
+    """The launch tiling for `query_rows` = B · Q queries. Sweeps at Kimi's shapes
+    (`bench/mla_tune_gpu.py`; bench/results/gpu_session_a/, gpu_session_b/ on an H200,
+    gpu_session_i/ on an H100): a tile of all 64 heads without value splits, its accumulator over
+    8 warps, reads the cache once per key split and ran 1.7x faster than 16-head tiles at batch
+    16, context 32k (0.57 against 0.98 ms); 64-key steps through a 3-deep pipeline then took that
+    case from 0.575 to 0.363 ms on the H100 (× 2.88 → × 1.82 the latent read) and won every
+    case of 8 or more queries. With few queries (batch 1) 32-head tiles with 64-key steps won
+    (0.047 against 0.067 ms), as more programs share the context. Value splits only recomputed
+    the scores and lost everywhere. `deep_pipeline`: the device has Hopper's shared memory
+    (the 3-deep 64-key pipeline needs about 220 KB a program); else the 32-key, 2-deep tiling."""
     if not on_cuda:
         return MLAConfig(16, 16, 1, 1, 1)
     if latent_dim >= 256:
-        return MLAConfig(64, 32, 1, 8, 2) if query_rows >= 8 else MLAConfig(32, 64, 1, 8, 2)
+        if query_rows < 8:
+            return MLAConfig(32, 64, 1, 8, 2)
+        return MLAConfig(64, 64, 1, 8, 3) if deep_pipeline else MLAConfig(64, 32, 1, 8, 2)
     return MLAConfig(32, 64, 1, 4, 2)
+
+
+@functools.cache
+def _has_hopper_smem(device: torch.device) -> bool:
+    return torch.cuda.get_device_properties(device).major >= 9
 
 
 def mla_paged_attention(q: torch.Tensor, latent_cache: torch.Tensor, page_table: torch.Tensor,
@@ -174,7 +186,7 @@ def mla_paged_attention(q: torch.Tensor, latent_cache: torch.Tensor, page_table:
                          f"and exceed latent_dim {latent_dim}")
     rope = D - latent_dim
     on_cuda = q.device.type == "cuda"
-    cfg = config or mla_config(latent_dim, on_cuda, B * Q)
+    cfg = config or mla_config(latent_dim, on_cuda, B * Q, on_cuda and _has_hopper_smem(q.device))
     block_l = max(16, triton.next_power_of_2(latent_dim))
     if block_l % (16 * cfg.v_splits):
         raise ValueError(f"v_splits {cfg.v_splits} must split the latent tile {block_l} into multiples of 16")

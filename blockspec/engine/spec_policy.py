@@ -35,6 +35,9 @@ its narrower neighbour's cost is skipped: `_costs_or_width_to_time`). Then two k
 - first looks: a batch holding a request never run at the full width runs it once, when a
   credit of PROBE_BUDGET of each narrower step's cost covers the look's extra cost, so a new
   request's own acceptance decides, not only its class's figure.
+Each budget is scaled by `explore_scale`, halved (to MIN_EXPLORE_SCALE) whenever a probe or look
+leaves the next choice unchanged and whole again when one changes it: exploration costs little
+where it keeps confirming plain (T = 1 on a CPU) and stays quick where requests differ.
 
 Timing: a step costs the time from the end of the previous step's commit to the end of its own
 — counted only when the previous step ran at the same width and batch bucket with nothing in
@@ -65,6 +68,7 @@ _request_id, _status = attrgetter("request_id"), attrgetter("status")
 
 LADDER = (2, 4, 8, 16, 32, 64, 128)   # few widths: each is timed per bucket, and captured on CUDA
 PROBE_BUDGET = 0.03    # the most of the step time each kind of probe may add
+MIN_EXPLORE_SCALE = 1 / 8   # the budgets' floor while probes and looks keep changing nothing
 MAX_PROBE_SPACING = 512
 PRIOR_MARGIN = 0.1     # an untimed width estimated from priors is timed unless it loses by more
 
@@ -83,12 +87,12 @@ def config_name(width: int, builds_trees: bool) -> str:
     return f"tree{width - 1}" if builds_trees else f"chain{width}"
 
 
-def probe_spacing(dear: float, cheap: float) -> int:
+def probe_spacing(dear: float, cheap: float, budget: float = PROBE_BUDGET) -> int:
     """Steps between probes of a width costing `dear` seconds from a choice costing `cheap`, so
-    that each probe's extra cost stays within PROBE_BUDGET of the steps' time; at most
+    that each probe's extra cost stays within `budget` of the steps' time; at most
     MAX_PROBE_SPACING, so that a width whose figure is wrong (a stall timed into it) is re-timed
     within minutes, not never."""
-    return min(math.ceil(max(dear / cheap - 1.0, 0.0) / PROBE_BUDGET), MAX_PROBE_SPACING)
+    return min(math.ceil(max(dear / cheap - 1.0, 0.0) / budget), MAX_PROBE_SPACING)
 
 
 class SpecPolicy:
@@ -118,6 +122,10 @@ class SpecPolicy:
         self._batch_ids: list[str] | None = None
         self._look_wanted = False
         self._look_credit = 0.0
+        # Exploration's share of PROBE_BUDGET: halved each time a probe or look changes nothing,
+        # whole again when one does (at T = 1 on a CPU, where speculation never paid, the probes,
+        # looks and re-timings at full budget cost ≈ 6 % against plain decoding).
+        self.explore_scale = 1.0
 
     def name(self, width: int) -> str:
         return config_name(width, self.builds_trees)
@@ -146,15 +154,17 @@ class SpecPolicy:
             width, self._retime_next = self._retime_next, None
             return width
         width = best_width(totals, costs)
-        if self._before_probe is not None:        # the step after a probe: did it change anything?
+        if self._before_probe is not None:        # the step after a probe or look: did it change anything?
             changed, self._before_probe = width != self._before_probe, None
             self.probe_interval = self.min_probe if changed else min(2 * self.probe_interval, self.max_probe)
+            self.explore_scale = 1.0 if changed else max(self.explore_scale / 2, MIN_EXPLORE_SCALE)
+        budget = PROBE_BUDGET * self.explore_scale
         self._steps += 1
         others = [w for w in self._widest_first if w != width]
         if others:
             # The next width to re-time, in turn; a dear one waits longer (the same budget).
             other = others[self._probes % len(others)]
-            if self._steps >= max(self.retime_interval, probe_spacing(2 * costs[other], costs[width])):
+            if self._steps >= max(self.retime_interval, probe_spacing(2 * costs[other], costs[width], budget)):
                 self._steps, self._probes, self._retime_next = 0, self._probes + 1, other
                 return other
         if width < self.full_width:
@@ -164,16 +174,16 @@ class SpecPolicy:
             # class figure set low by the first prompt kept later requests plain: periodic probes
             # came every ≈ 94 steps, after most requests had ended.
             spend = costs[self.full_width] - costs[width]
-            self._look_credit = min(self._look_credit + PROBE_BUDGET * costs[width], 2 * spend)
+            self._look_credit = min(self._look_credit + budget * costs[width], 2 * spend)
             if self._look_wanted and self._look_credit >= spend:
                 self._look_credit -= spend
-                self._look_wanted = False
+                self._look_wanted, self._before_probe = False, width
                 return self.full_width
             self._since_probe += 1
             # A probe costs cost(full) − cost(width) more than the step it replaces (a 16-wide
             # chain can cost 5 plain steps on a CPU, where probing every 16 steps cost a quarter
             # of the time).
-            if self._since_probe >= max(self.probe_interval, probe_spacing(costs[self.full_width], costs[width])):
+            if self._since_probe >= max(self.probe_interval, probe_spacing(costs[self.full_width], costs[width], budget)):
                 self._since_probe, self._before_probe = 0, width
                 return self.full_width
         return width

@@ -146,7 +146,14 @@ def _run_policy(accept_of_width, cost_of_width, steps=120, full=8):
     return chosen
 
 
-def test_policy_learns_plain_for_an_adversary_and_the_full_block_for_an_oracle():
+@pytest.fixture
+def whole_budget(monkeypatch):
+    """Exploration at its whole budget throughout (`explore_scale` pinned at 1)."""
+    import blockspec.engine.spec_policy as spec_policy
+    monkeypatch.setattr(spec_policy, "MIN_EXPLORE_SCALE", 1.0)
+
+
+def test_policy_learns_plain_for_an_adversary_and_the_full_block_for_an_oracle(whole_budget):
     adversary = _run_policy(lambda w: 0, lambda w: 0.01 * (1 + 0.1 * w), steps=400)
     oracle = _run_policy(lambda w: w - 1, lambda w: 0.01 * (1 + 0.1 * w))
     tail = slice(60, None)
@@ -155,7 +162,7 @@ def test_policy_learns_plain_for_an_adversary_and_the_full_block_for_an_oracle()
     assert set(adversary[tail]) == {1, 2, 4, 8}                       # every width re-timed now and then
 
 
-def test_probes_are_the_full_width_below_it_and_rare_cost_retimes_at_it():
+def test_probes_are_the_full_width_below_it_and_rare_cost_retimes_at_it(whole_budget):
     """Below the full width, acceptance probes run the full width (it observes every draft
     position); at the full width only the rare cost re-timing runs another width."""
     adversary = _run_policy(lambda w: 0, lambda w: 0.01 * (1 + 0.1 * w), steps=400)
@@ -330,8 +337,7 @@ def test_a_joining_request_gets_a_first_look_so_a_low_class_figure_does_not_keep
     """The first request's drafts are all rejected, every later one's all accepted. The class figure
     the first leaves is low; each later request is run once at the full width (a first look, paid
     from the probe budget) and then speculates on its own figure. Negative control: without first
-    looks the next requests start from the low class figure and stay plain until a periodic
-    probe, most of their lives."""
+    looks the next request starts from the low class figure and stays plain most of its life."""
     accepts = lambda r, w: 0 if r == 0 else w - 1     # noqa: E731
     runs = _serial_requests(SpecPolicy("adaptive", 8, False, [1]), accepts)
     assert runs[0][10:].count(1) >= 0.8 * len(runs[0][10:])
@@ -340,4 +346,37 @@ def test_a_joining_request_gets_a_first_look_so_a_low_class_figure_does_not_keep
     blind = SpecPolicy("adaptive", 8, False, [1])
     blind._looked = type("Everyone", (set,), {"issuperset": lambda self, ids: True})()
     runs = _serial_requests(blind, accepts)
-    assert runs[1].count(1) >= 0.7 * len(runs[1]) and runs[2].count(1) >= 0.7 * len(runs[2])
+    assert runs[1].count(1) >= 0.7 * len(runs[1])
+
+
+def _turning_drafter(turn=800, steps=1200):
+    """Two rows whose drafts are all rejected until step `turn`, then all accepted. Returns the
+    widths chosen and `explore_scale` after each step."""
+    policy = SpecPolicy("adaptive", 8, False, [1, 2, 4])
+    seqs = [SimpleNamespace(request_id=f"r{i}", status=Status.RUNNING,
+                            params=SimpleNamespace(greedy=True, temperature=0.0, seed=None)) for i in range(2)]
+    chosen, clock, scales = [], 0.0, []
+    for k in range(steps):
+        w = policy.choose(seqs)
+        acc = 0 if k < turn else w - 1
+        clock += 0.01 * (1 + 0.1 * w)
+        policy.observe(seqs, w, StepResult([[0]] * 2, [acc] * 2, [w - 1] * 2, [list(range(1, acc + 1))] * 2),
+                       now=clock)
+        chosen.append(w)
+        scales.append(policy.explore_scale)
+    return chosen, scales
+
+
+def test_exploration_gets_cheaper_while_it_changes_nothing_and_whole_when_it_does(monkeypatch):
+    """An adversary's probes keep confirming plain: the budget halves per probe down to 1/8, so
+    probes and re-timings run far fewer steps off plain than at the whole budget. A drafter that
+    turns good is still found, and the budget is whole again."""
+    import blockspec.engine.spec_policy as spec_policy
+    chosen, scales = _turning_drafter()
+    window = chosen[800 - 340:800]
+    assert scales[799] == spec_policy.MIN_EXPLORE_SCALE
+    assert chosen[1000:].count(1) <= 0.1 * len(chosen[1000:]) and 1.0 in scales[800:]      # found, speculating
+    monkeypatch.setattr(spec_policy, "MIN_EXPLORE_SCALE", 1.0)
+    whole, _ = _turning_drafter()
+    off_plain = lambda ws: len(ws) - ws.count(1)     # noqa: E731
+    assert off_plain(window) <= 8 < 2 * off_plain(window) < off_plain(whole[800 - 340:800])

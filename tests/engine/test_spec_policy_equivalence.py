@@ -166,11 +166,11 @@ def scripted_choices(seed, trees=False, steps=600, max_rows=40):
 
 # The widths the policy chose on these scripts: pinned first from the code before its fast paths
 # (commit ef4b918), which the fast paths matched exactly; re-pinned when `robust_seconds` became the
-# nearest-rank lower quartile, and again when joining requests got first looks (deliberate changes
-# of the policy, not of the fast paths).
-PINNED = {(0, False): ("65a783fdb3614670", {1: 17, 2: 23, 4: 217, 8: 187, 16: 153}),
-          (1, True): ("bb51c4d104b9ee3a", {1: 19, 2: 14, 4: 28, 8: 158, 16: 381}),
-          (2, False): ("75f8965d192e19f5", {1: 18, 2: 9, 4: 118, 8: 202, 16: 251})}
+# nearest-rank lower quartile, and again when joining requests got first looks and exploration a
+# budget scaled by what it finds (deliberate changes of the policy, not of the fast paths).
+PINNED = {(0, False): ("65f6d1f4ee782c6c", {1: 15, 2: 12, 4: 323, 8: 165, 16: 82}),
+          (1, True): ("a216cbb34c72854f", {1: 21, 2: 11, 4: 67, 8: 131, 16: 370}),
+          (2, False): ("8f6660680ae4ac9c", {1: 16, 2: 7, 4: 28, 8: 412, 16: 135})}
 
 
 @pytest.mark.parametrize("seed, trees", list(PINNED))

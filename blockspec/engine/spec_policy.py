@@ -32,9 +32,10 @@ its narrower neighbour's cost is skipped: `_costs_or_width_to_time`). Then two k
 - cost: every `retime_interval` steps (or further apart, by the same budget, for a dearer width)
   two steps run another candidate in turn (the second is timed, below), so one unlucky timing
   cannot lock a width out;
-- first looks: a batch holding a request never run at the full width runs it once, when a
-  credit of PROBE_BUDGET of each narrower step's cost covers the look's extra cost, so a new
-  request's own acceptance decides, not only its class's figure.
+- first looks: a batch holding a request never run at the full width runs it once, so a new
+  request's own acceptance decides, not only its class's figure: always while looks change the
+  choice often enough to pay (`LOOK_WORTH`), else when a credit of PROBE_BUDGET of each
+  narrower step's cost covers the look's extra cost.
 Each budget is scaled by `explore_scale`, halved (to MIN_EXPLORE_SCALE) whenever a probe or look
 leaves the next choice unchanged and whole again when one changes it: exploration costs little
 where it keeps confirming plain (T = 1 on a CPU) and stays quick where requests differ.
@@ -58,7 +59,7 @@ import time
 from collections import Counter
 from operator import attrgetter
 
-from blockspec.engine.acceptance import AcceptanceModel, temperature_class
+from blockspec.engine.acceptance import AcceptanceModel, ema, temperature_class
 from blockspec.engine.config import SPEC_POLICIES
 from blockspec.engine.sequence import Status
 from blockspec.engine.step_cost import StepCostModel, best_width
@@ -69,6 +70,7 @@ _request_id, _status = attrgetter("request_id"), attrgetter("status")
 LADDER = (2, 4, 8, 16, 32, 64, 128)   # few widths: each is timed per bucket, and captured on CUDA
 PROBE_BUDGET = 0.03    # the most of the step time each kind of probe may add
 MIN_EXPLORE_SCALE = 1 / 8   # the budgets' floor while probes and looks keep changing nothing
+LOOK_WORTH = 0.1       # first looks that changed the choice this often are run without a budget
 MAX_PROBE_SPACING = 512
 PRIOR_MARGIN = 0.1     # an untimed width estimated from priors is timed unless it loses by more
 
@@ -122,6 +124,8 @@ class SpecPolicy:
         self._batch_ids: list[str] | None = None
         self._look_wanted = False
         self._look_credit = 0.0
+        self.look_worth = 1.0        # EMA (0.2) of whether a first look changed the next choice
+        self._looking = False        # the step in `_before_probe` was a first look
         # Exploration's share of PROBE_BUDGET: halved each time a probe or look changes nothing,
         # whole again when one does (at T = 1 on a CPU, where speculation never paid, the probes,
         # looks and re-timings at full budget cost ≈ 6 % against plain decoding).
@@ -156,6 +160,8 @@ class SpecPolicy:
         width = best_width(totals, costs)
         if self._before_probe is not None:        # the step after a probe or look: did it change anything?
             changed, self._before_probe = width != self._before_probe, None
+            if self._looking:
+                self._looking, self.look_worth = False, ema(self.look_worth, float(changed), 0.2)
             self.probe_interval = self.min_probe if changed else min(2 * self.probe_interval, self.max_probe)
             self.explore_scale = 1.0 if changed else max(self.explore_scale / 2, MIN_EXPLORE_SCALE)
         budget = PROBE_BUDGET * self.explore_scale
@@ -174,10 +180,13 @@ class SpecPolicy:
             # class figure set low by the first prompt kept later requests plain: periodic probes
             # came every ≈ 94 steps, after most requests had ended.
             spend = costs[self.full_width] - costs[width]
+            # Where looks often change the choice (some requests' drafts are good, some bad) one
+            # pays for itself: a request found good saves many steps, so every joining request gets
+            # one. Where they rarely do (T = 1 on a CPU: never), they come out of the budget.
             self._look_credit = min(self._look_credit + budget * costs[width], 2 * spend)
-            if self._look_wanted and self._look_credit >= spend:
-                self._look_credit -= spend
-                self._look_wanted, self._before_probe = False, width
+            if self._look_wanted and (self.look_worth >= LOOK_WORTH or self._look_credit >= spend):
+                self._look_credit = max(self._look_credit - spend, 0.0)
+                self._look_wanted, self._before_probe, self._looking = False, width, True
                 return self.full_width
             self._since_probe += 1
             # A probe costs cost(full) − cost(width) more than the step it replaces (a 16-wide

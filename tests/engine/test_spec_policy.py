@@ -237,6 +237,7 @@ def test_a_cold_bucket_skips_widths_that_cannot_win_even_at_a_narrower_cost():
     seqs = [SimpleNamespace(request_id="r", status=Status.RUNNING, params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
     acceptance = policy.acceptance        # drafts mostly rejected: the class's figures, which "r" reads
     acceptance._table[acceptance._class_row("greedy")] = [0.0, 0.1, 0.15, 0.2]
+    policy._looked.add("r")               # (seen at the full width already: no first look)
     assert policy._costs_or_width_to_time(1, {1: 1.0, 2: 1.1, 4: 1.15, 8: 1.2})[1] == 8
     for w, cost in ((8, 5.0), (1, 1.0), (2, 3.0)):
         policy.cost.observe(1, w, cost)

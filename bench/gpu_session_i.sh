@@ -23,6 +23,26 @@ if [ "${PART:-1}" = 1 ]; then
       --configs "64,64,1,8,2;64,64,1,8,1;64,32,1,8,3;64,32,1,8,1;64,64,1,8,3;32,64,1,4,2;64,128,1,8,1" \
       2>&1 | grep -v -i warn | tee "$OUT/mla_tune_log.txt" | tail -8
 fi
+# PART=2: the CUDA tests again (deferred context, MLA defaults, adaptive graphs, overlap), then issue 15's
+# compare-static on this build (deferred context, first looks, scaled exploration): plain, chain 4,
+# chain 16 and adaptive at c = 1 / 4 / 16 / 64, T = 1 unseeded and T = 0; then two more MLA tilings.
+if [ "${PART:-1}" = 2 ]; then
+  timeout ${TEST_S:-110} python3 -m pytest -q -p no:cacheprovider -rfE tests/engine/test_deferred_context.py \
+      tests/attention/test_triton_mla.py "tests/engine/test_cuda_graphs.py::test_adaptive_width_graphs_equal_eager" \
+      tests/engine/test_overlap.py > "$OUT/cuda_tests_log.txt" 2>&1
+  tail -4 "$OUT/cuda_tests_log.txt"
+  for RUN in T1u:1:u T0:0; do
+    IFS=: read -r NAME T SEEDS <<< "$RUN"
+    timeout ${CELL_S:-200} python3 -m blockspec.cli bench offline --model blockspec/bundled/target \
+        --draft-model blockspec/bundled/drafter --device cuda --dtype bfloat16 --dataset sharegpt --temperature $T \
+        --num-prompts 32 --max-tokens 128 --compare-static --static-widths 4,16 --concurrency ${CONC:-1,4,16,64} \
+        --repeats 2 --waves 4 ${SEEDS:+--unseeded} --no-progress --output "$OUT/compare_static_gpu_$NAME.json" \
+        > "$OUT/log_$NAME.txt" 2>&1
+    grep -v -i "warn\|token indices" "$OUT/log_$NAME.txt" | tail -7
+  done
+  timeout 60 python3 bench/mla_tune_gpu.py --output "$OUT/mla_tune.json" --budget-s 30 \
+      --configs "64,64,1,8,4;64,64,1,16,3" 2>&1 | grep -v -i warn | tail -7
+fi
 if [ "${PART:-1}" = 3 ]; then
   PART=3 bash bench/gpu_session_h.sh
 fi

@@ -40,7 +40,8 @@ if [ "${PART:-1}" = 2 ]; then
         > "$OUT/log_$NAME.txt" 2>&1
     grep -v -i "warn\|token indices" "$OUT/log_$NAME.txt" | tail -7
   done
-  timeout 60 python3 bench/mla_tune_gpu.py --output "$OUT/mla_tune.json" --budget-s 30 \
+  rm -f "$OUT"/*.png     # (the device returns 8 files at most; plots are redrawn from the JSON)
+  timeout 60 python3 bench/mla_tune_gpu.py --output /tmp/mla_tune.json --budget-s 30 \
       --configs "64,64,1,8,4;64,64,1,16,3" 2>&1 | grep -v -i warn | tail -7
 fi
 if [ "${PART:-1}" = 3 ]; then

@@ -33,9 +33,9 @@ its narrower neighbour's cost is skipped: `_costs_or_width_to_time`). Then two k
   two steps run another candidate in turn (the second is timed, below), so one unlucky timing
   cannot lock a width out;
 - first looks: a batch holding a request never run at the full width runs it once, so a new
-  request's own acceptance decides, not only its class's figure: always while looks change the
-  choice often enough to pay (`LOOK_WORTH`), else when a credit of PROBE_BUDGET of each
-  narrower step's cost covers the look's extra cost.
+  request's own acceptance decides, not only its class's figure: in batches of at most
+  `LOOK_FREE_ROWS` always while looks change the choice often enough to pay (`LOOK_WORTH`), else
+  when a credit of PROBE_BUDGET of each narrower step's cost covers the look's extra cost.
 Each budget is scaled by `explore_scale`, halved (to MIN_EXPLORE_SCALE) whenever a probe or look
 leaves the next choice unchanged and whole again when one changes it: exploration costs little
 where it keeps confirming plain (T = 1 on a CPU) and stays quick where requests differ.
@@ -70,7 +70,8 @@ _request_id, _status = attrgetter("request_id"), attrgetter("status")
 LADDER = (2, 4, 8, 16, 32, 64, 128)   # few widths: each is timed per bucket, and captured on CUDA
 PROBE_BUDGET = 0.03    # the most of the step time each kind of probe may add
 MIN_EXPLORE_SCALE = 1 / 8   # the budgets' floor while probes and looks keep changing nothing
-LOOK_WORTH = 0.1       # first looks that changed the choice this often are run without a budget
+LOOK_WORTH = 0.1       # first looks that changed the choice this often are run without a budget …
+LOOK_FREE_ROWS = 2     # … in batches this small (a look runs the whole batch wide, for one request)
 MAX_PROBE_SPACING = 512
 PRIOR_MARGIN = 0.1     # an untimed width estimated from priors is timed unless it loses by more
 
@@ -181,10 +182,14 @@ class SpecPolicy:
             # came every ≈ 94 steps, after most requests had ended.
             spend = costs[self.full_width] - costs[width]
             # Where looks often change the choice (some requests' drafts are good, some bad) one
-            # pays for itself: a request found good saves many steps, so every joining request gets
-            # one. Where they rarely do (T = 1 on a CPU: never), they come out of the budget.
+            # pays for itself in a small batch: a request found good saves many steps, so every
+            # joining request gets one. In a larger batch a look runs every row wide for one
+            # request that rarely sways the batch's width (a 16-wide step costs 8 plain ones at 16
+            # rows on a CPU), and where looks rarely change anything (T = 1 on a CPU: never), so
+            # there they come out of the budget.
             self._look_credit = min(self._look_credit + budget * costs[width], 2 * spend)
-            if self._look_wanted and (self.look_worth >= LOOK_WORTH or self._look_credit >= spend):
+            free = B <= LOOK_FREE_ROWS and self.look_worth >= LOOK_WORTH
+            if self._look_wanted and (free or self._look_credit >= spend):
                 self._look_credit = max(self._look_credit - spend, 0.0)
                 self._look_wanted, self._before_probe, self._looking = False, width, True
                 return self.full_width

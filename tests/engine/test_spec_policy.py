@@ -381,3 +381,22 @@ def test_exploration_gets_cheaper_while_it_changes_nothing_and_whole_when_it_doe
     whole, _ = _turning_drafter()
     off_plain = lambda ws: len(ws) - ws.count(1)     # noqa: E731
     assert off_plain(window) <= 8 < 2 * off_plain(window) < off_plain(whole[800 - 340:800])
+
+
+def test_a_cold_bucket_skips_the_full_width_when_a_smaller_bucket_says_it_loses():
+    """A larger batch's step is never cheaper: the full width's cost at bucket 8 bounds it at bucket
+    16 from below. Where it loses even at that bound, bucket 16 times plain and never the full
+    width (on the CPU a 16-wide step costs 13 plain ones at 16 rows); where it could win, the full
+    width is timed."""
+    policy = SpecPolicy("adaptive", 8, False, [1, 8, 16])
+    for w, cost in ((1, 1.0), (2, 6.0), (4, 7.0), (8, 8.0)):       # bucket 8, timed
+        for _ in range(2):
+            policy.cost.observe(8, w, cost)
+    assert policy.cost.floor_from_smaller(16, 8) == 8.0 and policy.cost.floor_from_smaller(8, 8) is None
+    low = {1: 16.0, 2: 17.0, 4: 18.0, 8: 19.0}                     # few accepted drafts
+    assert policy._costs_or_width_to_time(16, low)[1] == 1           # plain first, not the full width
+    for _ in range(2):
+        policy.cost.observe(16, 1, 1.5)
+    assert policy._costs_or_width_to_time(16, low) == ({1: 1.5, 2: 6.0, 4: 7.0, 8: 8.0}, None)
+    high = {1: 16.0, 2: 32.0, 4: 64.0, 8: 128.0}                    # every draft accepted
+    assert policy._costs_or_width_to_time(16, high)[1] == 8          # only it could win at its floor: timed

@@ -44,6 +44,19 @@ if [ "${PART:-1}" = 2 ]; then
   timeout 60 python3 bench/mla_tune_gpu.py --output /tmp/mla_tune.json --budget-s 30 \
       --configs "64,64,1,8,4;64,64,1,16,3" 2>&1 | grep -v -i warn | tail -7
 fi
+# PART=4 (≤ 6 min): the CUDA tests of PART=2, then compare-static at T = 1 unseeded only, c = 1 / 16 / 64.
+if [ "${PART:-1}" = 4 ]; then
+  timeout ${TEST_S:-110} python3 -m pytest -q -p no:cacheprovider -rfE tests/engine/test_deferred_context.py \
+      tests/attention/test_triton_mla.py "tests/engine/test_cuda_graphs.py::test_adaptive_width_graphs_equal_eager" \
+      tests/engine/test_overlap.py > "$OUT/cuda_tests_log.txt" 2>&1
+  tail -4 "$OUT/cuda_tests_log.txt"
+  timeout ${CELL_S:-200} python3 -m blockspec.cli bench offline --model blockspec/bundled/target \
+      --draft-model blockspec/bundled/drafter --device cuda --dtype bfloat16 --dataset sharegpt --temperature 1 \
+      --num-prompts 32 --max-tokens 128 --compare-static --static-widths 16 --concurrency ${CONC:-1,16,64} \
+      --repeats 2 --waves 4 --unseeded --no-progress --output "$OUT/compare_static_gpu_T1u.json" > "$OUT/log_T1u.txt" 2>&1
+  grep -v -i "warn\|token indices" "$OUT/log_T1u.txt" | tail -6
+  rm -f "$OUT"/*.png
+fi
 if [ "${PART:-1}" = 3 ]; then
   PART=3 bash bench/gpu_session_h.sh
 fi

@@ -44,7 +44,8 @@ if [ "${PART:-1}" = 2 ]; then
   timeout 60 python3 bench/mla_tune_gpu.py --output /tmp/mla_tune.json --budget-s 30 \
       --configs "64,64,1,8,4;64,64,1,16,3" 2>&1 | grep -v -i warn | tail -7
 fi
-# PART=4 (≤ 6 min): the CUDA tests of PART=2, then compare-static at T = 1 unseeded only, c = 1 / 16 / 64.
+# PART=4 (≤ 6 min): the CUDA tests of PART=2, then compare-static at T = 1 unseeded only, c = 1 / 16 / 64
+# (CONC, CELL_S to shorten it).
 if [ "${PART:-1}" = 4 ]; then
   timeout ${TEST_S:-110} python3 -m pytest -q -p no:cacheprovider -rfE tests/engine/test_deferred_context.py \
       tests/attention/test_triton_mla.py "tests/engine/test_cuda_graphs.py::test_adaptive_width_graphs_equal_eager" \

@@ -175,18 +175,14 @@ class SpecPolicy:
                 self._steps, self._probes, self._retime_next = 0, self._probes + 1, other
                 return other
         if width < self.full_width:
-            # A first look: a request that joined is seen once at the full width, when the budget
-            # allows, so that its own acceptance (not only its class's figure, which a few early
-            # requests may have set) decides whether it speculates. At concurrency 1 on a CPU a
-            # class figure set low by the first prompt kept later requests plain: periodic probes
-            # came every ≈ 94 steps, after most requests had ended.
+            # A first look: a joining request is run once at the full width, so that its own
+            # acceptance decides, not only its class's figure (at c = 1 on a CPU a figure set low
+            # by the first prompt kept later requests plain: probes came after they had ended).
+            # In a small batch a look pays for itself while looks often change the choice (a
+            # request found good saves many steps): free. Otherwise — a look runs every row wide
+            # for one request that rarely sways the batch (a 16-wide step costs 8 plain ones at
+            # 16 rows on a CPU), or looks keep confirming plain (T = 1 on a CPU) — from the budget.
             spend = costs[self.full_width] - costs[width]
-            # Where looks often change the choice (some requests' drafts are good, some bad) one
-            # pays for itself in a small batch: a request found good saves many steps, so every
-            # joining request gets one. In a larger batch a look runs every row wide for one
-            # request that rarely sways the batch's width (a 16-wide step costs 8 plain ones at 16
-            # rows on a CPU), and where looks rarely change anything (T = 1 on a CPU: never), so
-            # there they come out of the budget.
             self._look_credit = min(self._look_credit + budget * costs[width], 2 * spend)
             free = B <= LOOK_FREE_ROWS and self.look_worth >= LOOK_WORTH
             if self._look_wanted and (free or self._look_credit >= spend):

@@ -58,6 +58,13 @@ if [ "${PART:-1}" = 4 ]; then
   grep -v -i "warn\|token indices" "$OUT/log_T1u.txt" | tail -6
   rm -f "$OUT"/*.png
 fi
+# PART=5 (≤ 2 min): the CUDA tests of PART=2 only.
+if [ "${PART:-1}" = 5 ]; then
+  timeout ${TEST_S:-110} python3 -m pytest -q -p no:cacheprovider -rfE tests/engine/test_deferred_context.py \
+      tests/attention/test_triton_mla.py "tests/engine/test_cuda_graphs.py::test_adaptive_width_graphs_equal_eager" \
+      tests/engine/test_overlap.py > "$OUT/cuda_tests_log.txt" 2>&1
+  tail -8 "$OUT/cuda_tests_log.txt"
+fi
 if [ "${PART:-1}" = 3 ]; then
   PART=3 bash bench/gpu_session_h.sh
 fi

@@ -23,22 +23,26 @@ row's tokens do not depend on the width at all (it samples by the exponential ra
 
 Exploration: a bucket's first steps time the candidate widths (lazily, the full width first,
 then narrowest first, each until it holds `min_samples` timings; one that could not win even at
-its narrower neighbour's cost is skipped: `_costs_or_width_to_time`). Then two kinds of probe, both cheap:
-- acceptance: while the choice is narrower than the full width, every `probe_interval` steps
-  (doubling, up to `max_probe_interval`, while probes change nothing; further apart where a
-  full-width step costs so much more that probes would add over `PROBE_BUDGET`) one step runs the full
-  width, which observes every draft position (a plain step observes none), so a request whose
-  drafts turn good again is noticed; at the full width every step observes everything;
-- cost: every `retime_interval` steps (or further apart, by the same budget, for a dearer width)
-  two steps run another candidate in turn (the second is timed, below), so one unlucky timing
-  cannot lock a width out;
+its narrower neighbour's cost is skipped: `_costs_or_width_to_time`). Then three kinds of
+exploration, paid from one credit that accrues PROBE_BUDGET of each step's cost, so that together
+they add at most that share of the time:
+- acceptance probes: while the choice is narrower than the full width, at least `probe_interval`
+  steps apart (doubling, up to `max_probe_interval`, while probes change nothing) and when the
+  credit covers it, one step runs the full width, which observes every draft position (a plain
+  step observes none), so a request whose drafts turn good again is noticed; at the full width
+  every step observes everything;
+- cost re-timings: at least `retime_interval` steps apart and when the credit covers it, two
+  steps run another candidate in turn (the second is timed, below), so one unlucky timing cannot
+  lock a width out;
 - first looks: a batch holding a request never run at the full width runs it once, so a new
   request's own acceptance decides, not only its class's figure: in batches of at most
-  `LOOK_FREE_ROWS` always while looks change the choice often enough to pay (`LOOK_WORTH`), else
-  when a credit of PROBE_BUDGET of each narrower step's cost covers the look's extra cost.
-Each budget is scaled by `explore_scale`, halved (to MIN_EXPLORE_SCALE) whenever a probe or look
-leaves the next choice unchanged and whole again when one changes it: exploration costs little
-where it keeps confirming plain (T = 1 on a CPU) and stays quick where requests differ.
+  `LOOK_FREE_ROWS` always (not from the credit) while looks change the choice often enough to
+  pay (`LOOK_WORTH`), else when the credit covers it.
+Probes and re-timings come at most MAX_PROBE_SPACING steps apart whatever the credit (a figure
+holding a stall is re-measured). The credit's rate is scaled by `explore_scale`, halved (to
+MIN_EXPLORE_SCALE) whenever a probe or look leaves the next choice unchanged and whole again
+when one changes it: exploration costs little where it keeps confirming plain (T = 1 on a CPU)
+and stays quick where requests differ.
 
 Timing: a step costs the time from the end of the previous step's commit to the end of its own
 — counted only when the previous step ran at the same width and batch bucket with nothing in
@@ -54,7 +58,6 @@ per re-timing.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import Counter
 from operator import attrgetter
@@ -68,11 +71,11 @@ log = logging.getLogger("blockspec.spec_policy")
 _request_id, _status = attrgetter("request_id"), attrgetter("status")
 
 LADDER = (2, 4, 8, 16, 32, 64, 128)   # few widths: each is timed per bucket, and captured on CUDA
-PROBE_BUDGET = 0.03    # the most of the step time each kind of probe may add
-MIN_EXPLORE_SCALE = 1 / 8   # the budgets' floor while probes and looks keep changing nothing
-LOOK_WORTH = 0.1       # first looks that changed the choice this often are run without a budget …
+PROBE_BUDGET = 0.03    # the most of the step time exploration (probes, re-timings, looks) may add
+MIN_EXPLORE_SCALE = 1 / 8   # the budget's floor while probes and looks keep changing nothing
+LOOK_WORTH = 0.1       # first looks that changed the choice this often are run without the budget …
 LOOK_FREE_ROWS = 2     # … in batches this small (a look runs the whole batch wide, for one request)
-MAX_PROBE_SPACING = 512
+MAX_PROBE_SPACING = 512   # steps: probes and re-timings come at least this often
 PRIOR_MARGIN = 0.1     # an untimed width estimated from priors is timed unless it loses by more
 
 
@@ -88,14 +91,6 @@ def config_name(width: int, builds_trees: bool) -> str:
     if width == 1:
         return "plain"
     return f"tree{width - 1}" if builds_trees else f"chain{width}"
-
-
-def probe_spacing(dear: float, cheap: float, budget: float = PROBE_BUDGET) -> int:
-    """Steps between probes of a width costing `dear` seconds from a choice costing `cheap`, so
-    that each probe's extra cost stays within `budget` of the steps' time; at most
-    MAX_PROBE_SPACING, so that a width whose figure is wrong (a stall timed into it) is re-timed
-    within minutes, not never."""
-    return min(math.ceil(max(dear / cheap - 1.0, 0.0) / budget), MAX_PROBE_SPACING)
 
 
 class SpecPolicy:
@@ -120,16 +115,15 @@ class SpecPolicy:
         self.choices: Counter = Counter()         # config name → steps (logged with the cost table)
         self.host_seconds = 0.0                   # the policy's own time (choose + observe)
         self._last: tuple[float, tuple[int, int]] | None = None   # (time, (bucket, width)) of the last step
-        # First looks: requests not yet observed at the full width, and the budget for looking.
+        # First looks: requests not yet observed at the full width.
         self._looked: set[str] = set()
         self._batch_ids: list[str] | None = None
         self._look_wanted = False
-        self._look_credit = 0.0
+        self._credit = 0.0           # seconds of exploration the budget has accrued (`_choose`)
         self.look_worth = 1.0        # EMA (0.2) of whether a first look changed the next choice
         self._looking = False        # the step in `_before_probe` was a first look
         # Exploration's share of PROBE_BUDGET: halved each time a probe or look changes nothing,
-        # whole again when one does (at T = 1 on a CPU, where speculation never paid, the probes,
-        # looks and re-timings at full budget cost ≈ 6 % against plain decoding).
+        # whole again when one does (at T = 1 on a CPU, where speculation never pays).
         self.explore_scale = 1.0
 
     def name(self, width: int) -> str:
@@ -165,35 +159,44 @@ class SpecPolicy:
                 self._looking, self.look_worth = False, ema(self.look_worth, float(changed), 0.2)
             self.probe_interval = self.min_probe if changed else min(2 * self.probe_interval, self.max_probe)
             self.explore_scale = 1.0 if changed else max(self.explore_scale / 2, MIN_EXPLORE_SCALE)
-        budget = PROBE_BUDGET * self.explore_scale
+        # One credit pays for all exploration — re-timings, looks, probes: PROBE_BUDGET of each
+        # step's cost (scaled), so together they add at most that (a budget of 3 % each cost
+        # ≈ 7 % against plain at c = 4, T = 1 on a CPU, where a wide step costs 6–7 plain ones).
+        self._credit = min(self._credit + PROBE_BUDGET * self.explore_scale * costs[width], 2 * max(costs.values()))
         self._steps += 1
         others = [w for w in self._widest_first if w != width]
-        if others:
-            # The next width to re-time, in turn; a dear one waits longer (the same budget).
+        retime_due = bool(others) and self._steps >= self.retime_interval
+        if retime_due:
+            # The next width to re-time, in turn (two steps at it instead of two at `width`); at
+            # most MAX_PROBE_SPACING steps apart whatever the credit, so that a figure holding a
+            # stall is re-timed within minutes.
             other = others[self._probes % len(others)]
-            if self._steps >= max(self.retime_interval, probe_spacing(2 * costs[other], costs[width], budget)):
+            spend = 2 * max(costs[other] - costs[width], 0.0)
+            if self._credit >= spend or self._steps >= MAX_PROBE_SPACING:
+                self._credit = max(self._credit - spend, 0.0)
                 self._steps, self._probes, self._retime_next = 0, self._probes + 1, other
                 return other
-        if width < self.full_width:
+        if width < self.full_width:       # (a due re-timing saves the credit up: only free looks go first)
+            spend = costs[self.full_width] - costs[width]
             # A first look: a joining request is run once at the full width, so that its own
             # acceptance decides, not only its class's figure (at c = 1 on a CPU a figure set low
             # by the first prompt kept later requests plain: probes came after they had ended).
             # In a small batch a look pays for itself while looks often change the choice (a
             # request found good saves many steps): free. Otherwise — a look runs every row wide
             # for one request that rarely sways the batch (a 16-wide step costs 8 plain ones at
-            # 16 rows on a CPU), or looks keep confirming plain (T = 1 on a CPU) — from the budget.
-            spend = costs[self.full_width] - costs[width]
-            self._look_credit = min(self._look_credit + budget * costs[width], 2 * spend)
+            # 16 rows on a CPU), or looks keep confirming plain (T = 1 on a CPU) — on credit.
             free = B <= LOOK_FREE_ROWS and self.look_worth >= LOOK_WORTH
-            if self._look_wanted and (free or self._look_credit >= spend):
-                self._look_credit = max(self._look_credit - spend, 0.0)
+            if self._look_wanted and (free or (not retime_due and self._credit >= spend)):
+                self._credit -= 0.0 if free else spend
                 self._look_wanted, self._before_probe, self._looking = False, width, True
                 return self.full_width
             self._since_probe += 1
             # A probe costs cost(full) − cost(width) more than the step it replaces (a 16-wide
             # chain can cost 5 plain steps on a CPU, where probing every 16 steps cost a quarter
             # of the time).
-            if self._since_probe >= max(self.probe_interval, probe_spacing(costs[self.full_width], costs[width], budget)):
+            if self._since_probe >= self.probe_interval and ((not retime_due and self._credit >= spend)
+                                                             or self._since_probe >= MAX_PROBE_SPACING):
+                self._credit = max(self._credit - spend, 0.0)
                 self._since_probe, self._before_probe = 0, width
                 return self.full_width
         return width

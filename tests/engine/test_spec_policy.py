@@ -7,8 +7,8 @@ import torch
 
 from blockspec.engine.acceptance import AcceptanceModel, counterfactual_accepts, ema, temperature_class
 from blockspec.engine.sequence import Status
-from blockspec.engine.spec_policy import (MAX_PROBE_SPACING, SpecPolicy, best_width, candidate_widths, config_name,
-                                          probe_spacing)
+from blockspec.engine.spec_policy import (MAX_PROBE_SPACING, PROBE_BUDGET, SpecPolicy, best_width, candidate_widths,
+                                          config_name)
 from blockspec.engine.step_cost import StepCostModel, robust_seconds
 from blockspec.speculative.step import StepResult
 from blockspec.speculative.tree import PAD_PARENT, build_tree, chain_tree, truncate_tree
@@ -308,9 +308,31 @@ def test_a_timing_far_over_its_prior_is_a_stall_and_dropped():
     assert cost.measured(2, 4) == 4.7
 
 
-def test_probe_spacing_keeps_probes_within_budget_and_is_capped():
-    assert probe_spacing(1.31, 1.0) == 11 and probe_spacing(1.0, 1.0) == 0
-    assert probe_spacing(4.7, 0.0006) == MAX_PROBE_SPACING      # a stall-sized figure still gets re-timed
+def test_exploration_stays_within_one_budget_and_a_stalled_figure_is_still_retimed(whole_budget):
+    """Probes, re-timings and looks share one credit: over an adversary's run (every wide step a
+    loss) the time spent off plain is at most PROBE_BUDGET of the run's (plus one action's worth).
+    A width whose figure holds a stall (1000 × its real cost) is still re-timed within
+    MAX_PROBE_SPACING steps, whatever the credit says."""
+    cost = lambda w: 0.01 * (1 + 0.1 * w)                # noqa: E731
+    chosen = _run_policy(lambda w: 0, cost, steps=3000)
+    tail = chosen[100:]
+    extra = sum(cost(w) - cost(1) for w in tail)
+    assert 0 < extra <= PROBE_BUDGET * sum(cost(w) for w in tail) + 4 * cost(8)   # (+ the credit's cap)
+    assert set(tail) == {1, 2, 4, 8}                                               # re-timings got their turn
+
+    policy = SpecPolicy("adaptive", 8, False, [1])
+    seqs = [SimpleNamespace(request_id="r", status=Status.RUNNING, params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
+    for w in (1, 2, 4, 8):
+        for _ in range(2):
+            policy.cost.observe(1, w, 1000 * cost(w) if w == 8 else cost(w))
+    policy._looked.add("r")
+    clock, seen = 0.0, []
+    for _ in range(MAX_PROBE_SPACING + 10):
+        w = policy.choose(seqs)
+        seen.append(w)
+        clock += cost(w)
+        policy.observe(seqs, w, StepResult([[0]], [0], [w - 1], [[]]), now=clock)
+    assert 8 in seen[MAX_PROBE_SPACING // 2:]
 
 
 def _serial_requests(policy, accepts_of_request, steps_each=60):

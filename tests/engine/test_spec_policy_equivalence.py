@@ -168,9 +168,9 @@ def scripted_choices(seed, trees=False, steps=600, max_rows=40):
 # (commit ef4b918), which the fast paths matched exactly; re-pinned when `robust_seconds` became the
 # nearest-rank lower quartile, and again when joining requests got first looks and exploration a
 # budget scaled by what it finds (deliberate changes of the policy, not of the fast paths).
-PINNED = {(0, False): ("90912316bb03b7b6", {1: 15, 2: 15, 4: 361, 8: 148, 16: 58}),
-          (1, True): ("16fd9351d0521434", {1: 22, 2: 15, 4: 202, 8: 62, 16: 299}),
-          (2, False): ("6ecb6cbd6a55cb9f", {1: 18, 2: 145, 4: 210, 8: 155, 16: 70})}
+PINNED = {(0, False): ("f89399b63739c03f", {1: 17, 2: 15, 4: 215, 8: 273, 16: 77}),
+          (1, True): ("e72f0b45ab0ef512", {1: 19, 2: 22, 4: 64, 8: 129, 16: 366}),
+          (2, False): ("378a19079bbf58d6", {1: 19, 2: 75, 4: 124, 8: 291, 16: 89})}
 
 
 @pytest.mark.parametrize("seed, trees", list(PINNED))

@@ -170,7 +170,12 @@ class SpecPolicy:
             # The next width to re-time, in turn (two steps at it instead of two at `width`); at
             # most MAX_PROBE_SPACING steps apart whatever the credit, so that a figure holding a
             # stall is re-timed within minutes.
-            other = others[self._probes % len(others)]
+            # A width skipped while the bucket was cold (its cost only a bound) goes first,
+            # narrowest first: at T = 0, c = 4 on a CPU chain4, the best static width there, was
+            # skipped cold and not reached by the turn in a whole run.
+            table = self.cost.table(B)
+            untimed = [w for w in others if table[w] is None]
+            other = untimed[-1] if untimed else others[self._probes % len(others)]
             spend = 2 * max(costs[other] - costs[width], 0.0)
             if self._credit >= spend or self._steps >= MAX_PROBE_SPACING:
                 self._credit = max(self._credit - spend, 0.0)

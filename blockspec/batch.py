@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from blockspec.attention.metadata import AttentionBatch
-from blockspec.sampling import SamplingTensors
+from blockspec.sampling import SamplingTensors, any_filters
 from blockspec.seeded_sampling import race_key_of
 
 
@@ -217,9 +217,12 @@ def unpack_decode(packed: PackedStep, page_size: int, seqs=(), all_greedy: bool 
 
 
 def decode_inputs(seqs, uniforms: torch.Tensor, page_size: int, device) -> StepInputs:
-    """A decode/verify step: the roots at position num_cached of each row."""
-    return unpack_decode(pack_decode(seqs, uniforms, device), page_size, seqs,
-                         all(s.params.greedy for s in seqs))
+    """A decode/verify step: the roots at position num_cached of each row (whether any row
+    filters is known here, on the host: `SamplingTensors.filters`)."""
+    inputs = unpack_decode(pack_decode(seqs, uniforms, device), page_size, seqs,
+                           all(s.params.greedy for s in seqs))
+    inputs.sampling.filters = any_filters([s.params for s in seqs])
+    return inputs
 
 
 def prefill_inputs(seqs, chunk_lens: list[int], uniforms: torch.Tensor, page_size: int, device) -> StepInputs:

@@ -355,6 +355,13 @@ def filtered_probs_sortfree(
     return _finish(s, keep, _rows(st.greedy, shape), shape)
 
 
+def unfiltered_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """`filtered_probs_sorted_exact` for rows without top_k, top_p or min_p: every token kept
+    (their keep mask is all true there), so no sort."""
+    s = _scaled_rows(logits, st)
+    return _finish(s, torch.ones_like(s, dtype=torch.bool), _rows(st.greedy, logits.shape), logits.shape)
+
+
 def filtered_probs_sorted_exact(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """The exact definition evaluated the direct way, with a stable descending sort (the engine's).
 

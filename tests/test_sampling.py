@@ -362,7 +362,7 @@ def test_device_functions_have_no_sync_calls_in_source(function):
 def test_device_functions_run_on_meta_tensors():
     """Meta tensors have no data: any .item(), bool(), nonzero or boolean indexing raises."""
     st = tensors_for(SamplingParams(temperature=0), SamplingParams(top_k=3, top_p=0.5, min_p=0.1))
-    st_meta = SamplingTensors(**{name: getattr(st, name).to("meta") for name in vars(st)})
+    st_meta = SamplingTensors(**{name: v.to("meta") if torch.is_tensor(v) else v for name, v in vars(st).items()})
     probs = filtered_probs(torch.empty(2, 3, 11, device="meta"), st_meta)
     assert probs.shape == (2, 3, 11) and probs.dtype == torch.float32
     tokens = sample_from_probs(probs, torch.empty(2, 3, dtype=torch.float64, device="meta"))

@@ -357,7 +357,7 @@ def test_top_p_limit_is_the_largest_integer_below_top_p_times_total():
 def test_runs_on_meta_tensors(vocab, method):
     """Meta tensors have no data: any .item(), bool(), nonzero or boolean indexing raises."""
     st = tensors([SamplingParams(temperature=0), SamplingParams(top_k=3, top_p=0.5, min_p=0.1)])
-    st_meta = SamplingTensors(**{name: getattr(st, name).to("meta") for name in vars(st)})
+    st_meta = SamplingTensors(**{name: v.to("meta") if torch.is_tensor(v) else v for name, v in vars(st).items()})
     probs = filtered_probs_sortfree(torch.empty(2, 3, vocab, device="meta"), st_meta, method=method)
     assert probs.shape == (2, 3, vocab) and probs.dtype == torch.float32
 
@@ -450,3 +450,30 @@ def test_negative_control_off_by_one_at_the_top_k_boundary(method, monkeypatch):
     monkeypatch.setattr(sf, "_top_k_rows", wrong_top_k_rows)
     assert exact_mismatches(*tie_case, method) > 0
     assert exact_mismatches(*random_case, method) > 0
+
+
+def test_a_batch_without_filters_skips_the_sort_and_gives_the_same_bits(monkeypatch):
+    """`SamplingTensors.filters` False (known on the host: no row sets top_k, top_p or min_p):
+    `filtered_probs` takes `unfiltered_probs`, equal bit for bit to the sorted path, greedy rows,
+    ties and -inf logits included; a batch with any filter still sorts."""
+    import blockspec.sampling as sampling_module
+    from blockspec.sampling import SamplingParams, SamplingTensors, filtered_probs
+    from blockspec.sampling_filters import filtered_probs_sorted_exact
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 3, 50, generator=gen)
+    logits[0, 0, :5] = 2.0                          # ties
+    logits[1, 1, 10:20] = float("-inf")
+    plain = [SamplingParams(temperature=t) for t in (0.7, 1.0, 1.3)] + [SamplingParams(temperature=0.0)]
+    st = SamplingTensors.from_params(plain, "cpu")
+    assert st.filters is False
+    sorts = []
+    real_sort = torch.sort
+    monkeypatch.setattr(torch, "sort", lambda *a, **k: sorts.append(1) or real_sort(*a, **k))
+    got = filtered_probs(logits, st)
+    assert sorts == []
+    assert torch.equal(got, filtered_probs_sorted_exact(logits, st))
+    filtered = SamplingTensors.from_params(plain[:3] + [SamplingParams(temperature=0.9, top_p=0.9)], "cpu")
+    assert filtered.filters is True
+    filtered_probs(logits, filtered)
+    assert sorts                                    # the sorted path
+    assert sampling_module.any_filters([SamplingParams(min_p=0.1)]) and sampling_module.any_filters([SamplingParams(top_k=5)])

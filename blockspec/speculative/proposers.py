@@ -69,6 +69,11 @@ class Proposer:
 MAX_DEFERRED_ROWS = 1024   # a plain stretch longer than this many rows' context writes flushes early
 
 
+def capturing(t: torch.Tensor) -> bool:
+    """Whether `t`'s step is being captured into a CUDA graph (its Python will not run at replay)."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 class DeferredContext:
     """The drafter's context writes of plain steps (width 1), held back and written in one batch
     before the drafter next reads its context (issue 15: a speculative engine's plain step
@@ -78,9 +83,10 @@ class DeferredContext:
     Exact: the write of a token's context depends only on its own target features, position
     and slot (no attention among context rows), so writing N rows late in one call stores what N
     writes would have, up to the batched product's rounding. Order is kept: the queue is
-    written first-in first-out, and the engine flushes it before anything else writes or
-    reads the drafter's context — a drafting step, a prefill (a finished request's slots may
-    be reused by a new one; its stale rows land first and are overwritten).
+    written first-in first-out, and the engine (the one place that flushes: a replayed graph
+    runs none of the proposer's Python) flushes it before anything else writes or reads the
+    drafter's context — a drafting step, a prefill (a finished request's slots may be reused by
+    a new one; its stale rows land first and are overwritten).
 
     Under CUDA graphs a replay cannot append to a host list: the captured plain step leaves
     its rows in the graph's static tensors (`staged`, keyed by bucket and greediness) and the
@@ -95,7 +101,7 @@ class DeferredContext:
     def add(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, all_greedy: bool) -> None:
         """A plain step's rows: features `[B, 1, F]`, positions and slots `[B, 1]`."""
         meta = torch.stack([positions[:, 0], slots[:, 0].to(positions.dtype)], dim=1)
-        if features.is_cuda and torch.cuda.is_current_stream_capturing():
+        if capturing(features):
             self.staged[features.shape[0], all_greedy] = (features, meta)
             return
         self._queue(features, meta)
@@ -114,8 +120,7 @@ class DeferredContext:
     def flush(self) -> None:
         if not self.pending:
             return
-        features = torch.cat([f for f, _ in self.pending]) if len(self.pending) > 1 else self.pending[0][0]
-        meta = torch.cat([m for _, m in self.pending]) if len(self.pending) > 1 else self.pending[0][1]
+        features, meta = map(torch.cat, zip(*self.pending))
         self.pending, self.rows = [], 0
         self.write(features, meta[:, :1], meta[:, 1:])
 
@@ -203,24 +208,12 @@ class DFlashProposer(Proposer):
                     error[:200])
         self.drafts_on_device = False
 
-    def _flush_outside_capture(self) -> None:
-        """Deferred context first (eager callers; the engine flushes before a graph replays, as a
-        replay runs none of this Python)."""
-        if self.deferred.pending and not (self.cache_is_cuda and torch.cuda.is_current_stream_capturing()):
-            self.deferred.flush()
-
-    @property
-    def cache_is_cuda(self) -> bool:
-        return self.target.lm_head.weight.is_cuda
-
     @torch.inference_mode()
     def on_prefill(self, features, batch: AttentionBatch, positions) -> None:
-        self._flush_outside_capture()
         self.drafter.write_context(features, positions, batch.slots, self.cache)
 
     @torch.inference_mode()
     def propose(self, seqs, inputs: StepInputs):
-        self._flush_outside_capture()
         S, B = self.block_size, inputs.batch_size
         block = torch.full((B, S), self.mask_token_id, dtype=torch.long, device=inputs.device)
         block[:, 0] = inputs.roots

@@ -11,8 +11,8 @@ import blockspec.speculative.verify as verify_module
 from blockspec.engine.config import EngineConfig
 from blockspec.engine.engine import Engine
 from blockspec.llm import LLM
-from blockspec.sampling import SamplingParams
-from blockspec.speculative.proposers import build_proposer
+from blockspec.sampling import SamplingParams, filtered_probs
+from blockspec.speculative.proposers import DFlashProposer, build_proposer
 from test_ddtree import GREEDY, drafter, tiny_drafter, tiny_law  # noqa: F401 - fixtures
 from test_lossless import ALPHA, exact_law_llm, law_fit
 from test_sampled_tree import unrenormalised_proposal
@@ -112,3 +112,19 @@ def test_auto_rule_verifies_sampled_rows_by_rejection_and_reports_it(qwen3_dir, 
     ngram = LLM(model=qwen3_dir, spec="ngram").generate(prompts[:1], sampled)
     assert ngram[0].metrics.verify == "target-only"
     assert LLM(model=qwen3_dir).generate(prompts[:1], sampled)[0].metrics.verify == "none"
+
+
+def test_verifying_against_the_filtered_q_fails(tiny_vocab_dir, tiny_drafter, tiny_law, monkeypatch):
+    """Negative control for the law the children are drawn from (`tempered_probs`: the row's
+    temperature, no truncation filters): testing them against the filtered q instead, which the
+    chain's drafts come from, is a different law and the exact-law test must see it."""
+    drawn_by = DFlashProposer.sampled_tree
+
+    def tested_against_filtered_q(self, logits, inputs):
+        tree, _ = drawn_by(self, logits, inputs)
+        return tree, filtered_probs(logits, inputs.sampling)
+
+    monkeypatch.setattr(DFlashProposer, "sampled_tree", tested_against_filtered_q)
+    llm = exact_law_llm(tiny_vocab_dir, 28, spec="ddtree", draft_model=tiny_drafter, budget=8,
+                        spec_verify="rejection", spec_policy="static")
+    assert law_fit(llm, tiny_law, "t13_topp_minp").p_value < ALPHA

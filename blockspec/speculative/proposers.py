@@ -22,7 +22,7 @@ import torch
 from blockspec.attention.backend import AttentionBackend
 from blockspec.attention.metadata import AttentionBatch
 from blockspec.batch import StepInputs
-from blockspec.sampling import filtered_probs, sample_from_probs
+from blockspec.sampling import filtered_probs, sample_from_probs, tempered_probs
 from blockspec.seeded_sampling import pin_seeded_rows
 from blockspec.speculative.ngram import propose_ngram_batch
 from blockspec.speculative.sampled_tree import fill_with_samples, race_ranked_scores, shape_scores
@@ -243,15 +243,17 @@ class DFlashProposer(Proposer):
         return inputs.positions(self.max_depth + 1)[:, 1:]
 
     def sampled_tree(self, logits: torch.Tensor, inputs: StepInputs) -> tuple[DraftTree, torch.Tensor]:
-        """DDTree with sampled children for unseeded sampled rows, and q filtered exactly as the
-        target's p is (docs/verification.md). Greedy rows keep today's top-k tree; seeded rows
-        (walked on one-hot targets) a top-k tree in the order of their race on q, whose first
-        child is the race's winner (seeded_sampling.py)."""
-        q = filtered_probs(logits, inputs.sampling)
+        """DDTree with sampled children for unseeded sampled rows, drawn from q at the row's
+        temperature without its truncation filters (`tempered_probs`: p keeps them, and the
+        verifier needs only the law the children came from). Greedy rows keep today's top-k
+        tree; seeded rows (walked on one-hot targets) a top-k tree in the order of their race on
+        the filtered q, whose first child is the race's winner (seeded_sampling.py)."""
+        q = tempered_probs(logits, inputs.sampling)
         walked = inputs.walked_rows
         scores = shape_scores(logits, q, ~walked)
         if inputs.race_keys is not None:
-            scores = race_ranked_scores(scores, q, inputs.race_keys, self._draft_positions(inputs))
+            raced = filtered_probs(logits, inputs.sampling)
+            scores = race_ranked_scores(scores, raced, inputs.race_keys, self._draft_positions(inputs))
         tree = self.build_tree(scores, self.tree_budget, self.tree_topk, inputs.roots)
         return fill_with_samples(tree, q, inputs.uniforms[:, :self.max_nodes], ~walked), q
 

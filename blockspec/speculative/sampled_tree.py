@@ -1,5 +1,6 @@
 """Sampled DDTree trees (docs/ddtree.md, docs/verification.md): the shape from the drafter's
-scores, the tokens drawn from the drafter's filtered distribution q.
+scores, the tokens drawn from the drafter's distribution q at the row's temperature
+(`sampling.tempered_probs`: the truncation filters stay on the target's p).
 
 A sampled row's tree keeps DDTree's best-first shape (`shape_scores`), but the token of each
 node is not the rank-r token of its depth: the children of a node are successive draws WITHOUT replacement
@@ -30,13 +31,13 @@ SHAPE_FLOOR = -1.0e4
 
 def shape_scores(logits: torch.Tensor, draft_probs: torch.Tensor, sampled_rows: torch.Tensor) -> torch.Tensor:
     """Per-position scores `[B, L, V]` the tree's shape is built from: today's DDTree scores
-    (the drafter's unfiltered log-softmax), floored outside a sampled row's filtered q.
+    (the drafter's unfiltered log-softmax), floored outside the support of a sampled row's q.
 
     Unfiltered, because a temperature-sharpened q makes too narrow a tree for a drafter less
-    sure than its target (docs/ddtree.md); floored outside the filtered support,
+    sure than its target (docs/ddtree.md); floored outside q's support,
     because a node can have at most as many sampled children as q has tokens, so the budget
     goes to nodes that can be drawn. Greedy rows keep the plain scores (and their top-k tokens).
-    `draft_probs [B, L, V]` is the filtered q, `sampled_rows [B]` bool."""
+    `draft_probs [B, L, V]` is q (`sampling.tempered_probs`), `sampled_rows [B]` bool."""
     plain = torch.log_softmax(logits.float(), -1)
     outside = sampled_rows[:, None, None] & (draft_probs <= 0)
     return torch.where(outside, SHAPE_FLOOR, plain)

@@ -113,6 +113,31 @@ def test_causal_prefill_and_decode_match_dense():
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_spare_pages_are_cut_from_the_reference_plan_and_change_nothing():
+    """Rows holding pages for a later, wider step (the scheduler's reach): the reference plan
+    gathers only the pages the step's tokens occupy, and the output equals the dense reference
+    even with garbage in the spare pages."""
+    from blockspec.attention.reference import ReferenceBackend
+    gen = torch.Generator().manual_seed(4)
+    prefixes, new_lens, Q = [5, 13], [3, 1], 3
+    alloc, cache, tables, k_all, v_all = setup_rows(prefixes, new_lens, gen)
+    for t, p, n in zip(tables, prefixes, new_lens):
+        t.reserve(alloc, p + n + 3 * PAGE)                      # three spare pages a row
+        spare = torch.tensor([[t.slot(i) for i in range(p + n, len(t.pages) * PAGE)]])
+        cache.write(0, spare, torch.full((1, spare.shape[1], H_KV, D), 1e3), torch.full((1, spare.shape[1], H_KV, D), 1e3))
+    mask = causal_new_mask(2, Q, "cpu")
+    batch = build_batch(tables, prefixes, new_lens, mask)
+    plan = ReferenceBackend().plan(batch, cache)
+    assert batch.page_table.shape[1] == 7 and plan.batch.page_table.shape[1] == 4   # ceil((13 + 3) / 4)
+    q = torch.randn(2, Q, H_Q, D, generator=gen)
+    k_new = torch.stack([torch.cat([k[p:p + n], torch.zeros(Q - n, H_KV, D)]) for k, p, n in zip(k_all, prefixes, new_lens)])
+    v_new = torch.stack([torch.cat([v[p:p + n], torch.zeros(Q - n, H_KV, D)]) for v, p, n in zip(v_all, prefixes, new_lens)])
+    out = ReferenceBackend().forward(q, k_new, v_new, cache, 0, plan, D ** -0.5)
+    ref = dense_reference(q, k_all, v_all, prefixes, new_lens, mask, D ** -0.5)
+    for b, n in enumerate(new_lens):
+        torch.testing.assert_close(out[b, :n], ref[b, :n], rtol=1e-5, atol=1e-5)
+
+
 def test_sliding_window_hides_old_keys():
     prefix = torch.tensor([6])
     mask = visibility_mask(prefix, torch.tensor([2]), torch.ones(1, 2, 2, dtype=torch.bool), 8, 3,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -55,6 +55,16 @@ class AttentionBatch:
         if kind == "full":
             return full_new_mask(B, Q, self.slots.device)
         return new_mask
+
+    def without_spare_pages(self, page_size: int) -> "AttentionBatch":
+        """This batch with the page table cut to the pages its tokens occupy (max prefix_len +
+        Q), for a backend whose cost follows the table's width: a row may hold pages reserved for
+        a later, wider step (the scheduler's reach), which no query here can see. Reads the
+        lengths on the host: for host tensors (the CPU reference backend)."""
+        needed = -(-(int(self.prefix_lens.max()) + self.slots.shape[1]) // page_size)
+        if needed >= self.page_table.shape[1]:
+            return self
+        return replace(self, page_table=self.page_table[:, :max(needed, 1)])
 
     def visibility(self, page_size: int, sliding_window: int | None = None,
                    positions: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:

@@ -19,6 +19,8 @@ class ReferenceBackend(AttentionBackend):
 
     def plan(self, batch: AttentionBatch, cache: KVCache, sliding_window: int | None = None,
              causal: bool = False, positions: torch.Tensor | None = None) -> AttentionPlan:
+        if batch.page_table.device.type == "cpu":     # (on a GPU the length read would sync)
+            batch = batch.without_spare_pages(cache.page_size)
         visible = batch.visibility(cache.page_size, sliding_window, positions, causal)
         return AttentionPlan(batch, sliding_window, positions, extra=visible)
 

@@ -12,6 +12,19 @@ DEADLINE=${DEADLINE:-560}                       # seconds of this script's own r
 left() { echo $(( DEADLINE - SECONDS )); }
 cap() { local want=$1 l; l=$(left); [ "$l" -lt "$want" ] && want=$l; echo $(( want > 0 ? want : 1 )); }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+if [ "${PART:-1}" = 2 ]; then
+  # Issue 14: MLA key splits in whole waves (choose_num_splits' programs_per_sm): the default against
+  # explicit counts (17 was the old choice at batch 16), then the Kimi slice on an H200.
+  timeout $(cap ${MLA_S:-150}) python3 bench/mla_tune_gpu.py --output "$OUT/mla_splits.json" \
+      --splits 1,2,4,5,8,12,16,17,24,33,44,64 2>&1 | grep -v -i warn | tee "$OUT/mla_splits_log.txt"
+  if grep -q H200 "$OUT/device.txt"; then
+    timeout $(cap ${SLICE_S:-150}) python3 -m blockspec.cli bench step --shape kimi-k2-slice --int4-experts --profile \
+        --output "$OUT/step_kimi_slice_int4.json" 2>&1 | grep -v -i warn | tail -14
+    timeout $(cap ${SLICE_S:-120}) python3 -m blockspec.cli bench step --shape kimi-k2-slice \
+        --output "$OUT/step_kimi_slice_bf16.json" 2>&1 | grep -v -i warn | tail -12
+  fi
+  echo "script seconds: $SECONDS"; exit 0
+fi
 timeout $(cap ${TEST_S:-100}) python3 -m pytest -q -p no:cacheprovider -rfE tests/engine/test_deferred_context.py \
     tests/attention/test_triton_mla.py "tests/engine/test_cuda_graphs.py::test_adaptive_width_graphs_equal_eager" \
     tests/engine/test_overlap.py > "$OUT/cuda_tests_log.txt" 2>&1

@@ -13,6 +13,7 @@ import time
 import torch
 
 from blockspec.attention.triton_mla import MLAConfig, mla_config, mla_paged_attention
+from blockspec.attention.triton_paged import choose_num_splits
 from blockspec.bench.step import copy_bandwidth
 
 HEADS, LATENT, ROPE = 64, 512, 64
@@ -65,6 +66,29 @@ def candidates() -> list[MLAConfig]:
     return out
 
 
+def sweep_splits(args, cases, data, want, results, scale) -> None:
+    """Each case at each key-split count, the default tiling: where whole waves of programs
+    (one per SM) make the split count matter (`choose_num_splits`)."""
+    counts = [int(x) for x in args.splits.split(",")]
+    for name, (b, c, q, p) in cases.items():
+        qq, rows, pt, pre, new = data[name]
+        cfg = mla_config(LATENT, True, b * q, torch.cuda.get_device_properties(0).major >= 9)
+        chosen = choose_num_splits(b, 1, -(-(q * HEADS) // cfg.block_m) * cfg.v_splits, pt.shape[1] * p, q,
+                                   torch.cuda.get_device_properties(0).multi_processor_count,
+                                   programs_per_sm=cfg.programs_per_sm(LATENT + ROPE))
+        row = results["cases"][name]
+        row["chosen_splits"], row["splits_ms"] = chosen, {}
+        for n in counts:
+            fn = lambda: mla_paged_attention(qq, rows, pt, pre, new, scale, p, LATENT, "causal", num_splits=n)  # noqa: E731
+            err = float((fn().float() - want[name].float()).abs().max())
+            row["splits_ms"][n] = time_ms(fn, args.iters) if err < 5e-2 else f"max err {err}"
+        timed = {n: ms for n, ms in row["splits_ms"].items() if isinstance(ms, float)}
+        best = min(timed, key=timed.get)
+        print(f"{name}: chosen {chosen} splits {row['default_ms']:.3f} ms; best {best} splits {timed[best]:.3f} ms "
+              f"(x {timed[best] / row['floor_ms']:.2f} the read); " + " ".join(f"{n}:{ms:.3f}" for n, ms in timed.items()),
+              flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--output", required=True)
@@ -73,6 +97,8 @@ def main():
     ap.add_argument("--wide", action="store_true", help="only the wide-tile / long-step candidates")
     ap.add_argument("--configs", default=None,
                     help="explicit tilings 'block_m,block_n,v_splits,num_warps,num_stages;…' (instead of a sweep)")
+    ap.add_argument("--splits", default=None,
+                    help="key-split counts 'a,b,…' to time with the default tiling in every case (instead of tilings)")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
     bandwidth = copy_bandwidth(torch.device("cuda"))
@@ -92,6 +118,11 @@ def main():
         ms = time_ms(lambda: mla_paged_attention(qq, rows, pt, pre, new, scale, p, LATENT, "causal"), args.iters)
         results["cases"][name] = {"floor_ms": floor, "default_ms": ms, "tried": []}
         print(f"{name}: default {ms:.3f} ms, latent read {floor:.3f} ms (x {ms / floor:.2f})", flush=True)
+    if args.splits:
+        sweep_splits(args, cases, data, want, results, scale)
+        with open(args.output, "w") as f:
+            json.dump(results, f, indent=1)
+        return
     start = time.time()
     if args.configs:
         tried = [MLAConfig(*map(int, c.split(","))) for c in args.configs.split(";") if c.strip()]

@@ -143,6 +143,12 @@ class MLAConfig:
     num_warps: int
     num_stages: int
 
+    def programs_per_sm(self, row_dim: int) -> int:
+        """1 when the pipeline's key tiles (`num_stages` × block_n rows of `row_dim` bf16 values)
+        take over half an SM's shared memory, so programs run in whole waves; else 0 (unknown:
+        several share an SM and `choose_num_splits` aims at two waves)."""
+        return 1 if self.num_stages * self.block_n * row_dim * 2 > 114 * 1024 else 0
+
 
 def mla_config(latent_dim: int, on_cuda: bool, query_rows: int = 1, deep_pipeline: bool = True) -> MLAConfig:
     """The launch tiling for `query_rows` = B · Q queries. Sweeps at Kimi's shapes
@@ -193,7 +199,8 @@ def mla_paged_attention(q: torch.Tensor, latent_cache: torch.Tensor, page_table:
     tiles = triton.cdiv(Q * H, cfg.block_m)
     P = page_table.shape[1]
     if num_splits is None:
-        num_splits = choose_num_splits(B, 1, tiles * cfg.v_splits, P * page_size, Q, _num_sms(q.device))
+        num_splits = choose_num_splits(B, 1, tiles * cfg.v_splits, P * page_size, Q, _num_sms(q.device),
+                                       programs_per_sm=cfg.programs_per_sm(D))
     num_splits = max(1, int(num_splits))
     mode = MASK_MODES[mask_mode]
     if mode == 2:

@@ -244,18 +244,32 @@ def _config(q_len: int, g_pad: int, head_dim: int, on_cuda: bool, elem_size: int
     return block_m, 128, 8, 3
 
 
+# A program's fixed cost (its query tile's load, its partial's write and combine), in keys'
+# worth of work: the ~256 keys below which a split is not worth making.
+SPLIT_OVERHEAD_KEYS = 256
+
+
 def choose_num_splits(batch: int, kv_heads: int, q_tiles: int, max_keys: int, q_len: int,
-                      num_sms: int = _DEFAULT_SMS) -> int:
+                      num_sms: int = _DEFAULT_SMS, programs_per_sm: int = 0) -> int:
     """Key splits so that a short-Q launch fills ~2 waves of SMs; 1 for long Q or short contexts.
 
     `max_keys` is the page-table capacity (P · page_size), a static bound: no host sync. A split
-    gets at least ~256 keys, at most 64 splits.
+    gets at least ~256 keys, at most 64 splits. `programs_per_sm` > 0: how many programs fit an
+    SM at once (a kernel whose shared memory fills the SM: 1). Waves are then whole, so the
+    splits minimise waves × (a split's keys + SPLIT_OVERHEAD_KEYS), fewest splits on a tie: 17
+    splits of 16 rows are 272 programs, three waves of one program per SM on 132 SMs, where 8
+    splits take one.
     """
     if q_len > 256:
         return 1
-    programs = batch * kv_heads * q_tiles
-    want = triton.cdiv(2 * num_sms, max(programs, 1))
-    return int(max(1, min(want, max_keys // 256, 64)))
+    programs = max(batch * kv_heads * q_tiles, 1)
+    cap = int(max(1, min(max_keys // 256, 64)))
+    if programs_per_sm > 0:
+        slots = num_sms * programs_per_sm
+        return min(range(1, cap + 1),
+                   key=lambda s: (triton.cdiv(programs * s, slots) * (max_keys / s + SPLIT_OVERHEAD_KEYS), s))
+    want = triton.cdiv(2 * num_sms, programs)
+    return int(max(1, min(want, cap)))
 
 
 def check_paged_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

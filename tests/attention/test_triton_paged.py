@@ -213,6 +213,19 @@ def test_choose_num_splits():
     assert choose_num_splits(1, 8, 16, 8192, 1024, 132) == 1
 
 
+def test_choose_num_splits_in_whole_waves():
+    """One program per SM (MLA's 64-head tile with its 3-deep pipeline): whole waves, so the
+    count that ends a wave exactly, not the one just past two waves."""
+    from blockspec.attention.triton_mla import MLAConfig
+    assert MLAConfig(64, 64, 1, 8, 3).programs_per_sm(576) == 1 and MLAConfig(16, 16, 1, 1, 1).programs_per_sm(576) == 0
+    assert choose_num_splits(16, 1, 1, 32768, 1, 132) == 17                       # 272 programs: 3 waves
+    assert choose_num_splits(16, 1, 1, 32768, 1, 132, programs_per_sm=1) == 8     # 128: one wave
+    assert choose_num_splits(64, 1, 1, 4096, 1, 132, programs_per_sm=1) == 2      # 128 (5 were 320: 3 waves)
+    assert choose_num_splits(3, 1, 1, 32768, 1, 132, programs_per_sm=1) == 44     # 132: one wave, under the cap
+    assert choose_num_splits(1, 1, 1, 32768, 1, 132, programs_per_sm=1) == 64     # the cap
+    assert choose_num_splits(16, 1, 1, 32768, 1024, 132, programs_per_sm=1) == 1  # long Q: no split
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_kv_write_kernel_equals_the_index_copy(dtype):
     """One launch for K and V, from strided views of a merged projection, lands where

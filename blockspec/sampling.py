@@ -258,10 +258,10 @@ def tempered_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     temperature (greedy rows one-hot), with top_k, top_p and min_p NOT applied.
 
     Recursive rejection sampling is exact for any q the drafts were drawn from, so the
-    truncation filters need not reach q, and for trees they must not: a sibling is a draw
+    truncation filters need not reach q, and for trees they should not: a sibling is a draw
     without replacement, so a node can have no more children than q has tokens, and a drafter's
-    nucleus of one or two tokens left a 64-node tree thin and deep (docs/ddtree.md has the
-    figures). Chains keep the filtered q, which accepts more there."""
+    nucleus of one or two tokens left a 64-node tree thin and deep (docs/verification.md has
+    the figures). Chains keep the filtered q, which accepts more there."""
     return unfiltered_probs(logits, st)
 
 

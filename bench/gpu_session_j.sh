@@ -13,6 +13,21 @@ DEADLINE=${DEADLINE:-565}                       # seconds of this script's own r
 left() { echo $(( DEADLINE - SECONDS )); }
 cap() { local want=$1 l; l=$(left); [ "$l" -lt "$want" ] && want=$l; echo $(( want > 0 ? want : 1 )); }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+if [ "${PART:-1}" = short ]; then
+  # What a short call can hold (DEADLINE=330): the MLA split sweep, the deferred-context CUDA tests,
+  # then compare-static at T = 1 unseeded, c = 1 / 64, in the time left.
+  timeout $(cap 100) python3 bench/mla_tune_gpu.py --output "$OUT/mla_splits.json" --iters 5 \
+      --splits 1,2,4,5,8,12,16,17,24,33,44,64 2>&1 | grep -v -i warn
+  timeout $(cap 80) python3 -m pytest -q -p no:cacheprovider -rfE tests/engine/test_deferred_context.py \
+      "tests/engine/test_cuda_graphs.py::test_adaptive_width_graphs_equal_eager" > "$OUT/cuda_tests_log.txt" 2>&1
+  tail -3 "$OUT/cuda_tests_log.txt"
+  [ "$(left)" -gt 60 ] && timeout $(cap 200) python3 -m blockspec.cli bench offline --model blockspec/bundled/target \
+      --draft-model blockspec/bundled/drafter --device cuda --dtype bfloat16 --dataset sharegpt --temperature 1 \
+      --num-prompts 32 --max-tokens 128 --compare-static --static-widths 16 --concurrency 1,64 \
+      --repeats 2 --waves 4 --unseeded --no-progress --output "$OUT/compare_static_gpu_T1u.json" 2>&1 \
+      | grep -v -i "warn\|token indices" | tail -7
+  rm -f "$OUT"/*.png; echo "script seconds: $SECONDS"; exit 0
+fi
 timeout $(cap ${TEST_S:-100}) python3 -m pytest -q -p no:cacheprovider -rfE tests/engine/test_deferred_context.py \
     tests/attention/test_triton_mla.py "tests/engine/test_cuda_graphs.py::test_adaptive_width_graphs_equal_eager" \
     tests/engine/test_overlap.py > "$OUT/cuda_tests_log.txt" 2>&1

@@ -17,7 +17,7 @@ if [ "${PART:-1}" = short ]; then
   # What a short call can hold (DEADLINE=330): the MLA split sweep, the deferred-context CUDA tests,
   # then compare-static at T = 1 unseeded, c = 1 / 64, in the time left.
   timeout $(cap 100) python3 bench/mla_tune_gpu.py --output "$OUT/mla_splits.json" --iters 5 \
-      --splits 1,2,4,5,8,12,16,17,24,33,44,64 2>&1 | grep -v -i warn
+      --splits ${SPLITS:-1,2,4,5,8,12,16,17,24,33,44,64} 2>&1 | grep -v -i warn
   timeout $(cap 80) python3 -m pytest -q -p no:cacheprovider -rfE tests/engine/test_deferred_context.py \
       "tests/engine/test_cuda_graphs.py::test_adaptive_width_graphs_equal_eager" > "$OUT/cuda_tests_log.txt" 2>&1
   tail -3 "$OUT/cuda_tests_log.txt"

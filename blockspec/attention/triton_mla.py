@@ -160,7 +160,10 @@ def mla_config(latent_dim: int, on_cuda: bool, query_rows: int = 1, deep_pipelin
     case of 8 or more queries. With few queries (batch 1) 32-head tiles with 64-key steps won
     (0.047 against 0.067 ms), as more programs share the context. Value splits only recomputed
     the scores and lost everywhere. `deep_pipeline`: the device has Hopper's shared memory
-    (the 3-deep 64-key pipeline needs about 220 KB a program); else the 32-key, 2-deep tiling."""
+    (the 3-deep 64-key pipeline needs about 220 KB a program); else the 32-key, 2-deep tiling.
+    Such a program has an SM to itself, so its key splits are counted in whole waves
+    (`MLAConfig.programs_per_sm`, `choose_num_splits`): reasoned from the wave arithmetic, not
+    yet timed (the sweeps above ran 17 splits at batch 16, three waves of 132 SMs)."""
     if not on_cuda:
         return MLAConfig(16, 16, 1, 1, 1)
     if latent_dim >= 256:

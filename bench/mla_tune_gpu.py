@@ -12,8 +12,7 @@ import time
 
 import torch
 
-from blockspec.attention.triton_mla import MLAConfig, mla_config, mla_paged_attention
-from blockspec.attention.triton_paged import choose_num_splits
+from blockspec.attention.triton_mla import MLAConfig, default_config, default_num_splits, mla_config, mla_paged_attention
 from blockspec.bench.step import copy_bandwidth
 
 HEADS, LATENT, ROPE = 64, 512, 64
@@ -72,10 +71,7 @@ def sweep_splits(args, cases, data, want, results, scale) -> None:
     counts = [int(x) for x in args.splits.split(",")]
     for name, (b, c, q, p) in cases.items():
         qq, rows, pt, pre, new = data[name]
-        cfg = mla_config(LATENT, True, b * q, torch.cuda.get_device_properties(0).major >= 9)
-        chosen = choose_num_splits(b, 1, -(-(q * HEADS) // cfg.block_m) * cfg.v_splits, pt.shape[1] * p, q,
-                                   torch.cuda.get_device_properties(0).multi_processor_count,
-                                   programs_per_sm=cfg.programs_per_sm(LATENT + ROPE))
+        chosen = default_num_splits(qq, pt, p, default_config(qq, LATENT))
         row = results["cases"][name]
         row["chosen_splits"], row["splits_ms"] = chosen, {}
         for n in counts:

@@ -178,6 +178,19 @@ def _has_hopper_smem(device: torch.device) -> bool:
     return torch.cuda.get_device_properties(device).major >= 9
 
 
+def default_config(q: torch.Tensor, latent_dim: int) -> MLAConfig:
+    """`mla_config` for queries `q [B, Q, H, R + P]` on their device."""
+    on_cuda = q.device.type == "cuda"
+    return mla_config(latent_dim, on_cuda, q.shape[0] * q.shape[1], on_cuda and _has_hopper_smem(q.device))
+
+
+def default_num_splits(q: torch.Tensor, page_table: torch.Tensor, page_size: int, cfg: MLAConfig) -> int:
+    """The key splits `mla_paged_attention` launches `cfg` with unless told (`choose_num_splits`)."""
+    B, Q, H, D = q.shape
+    return choose_num_splits(B, 1, triton.cdiv(Q * H, cfg.block_m) * cfg.v_splits, page_table.shape[1] * page_size,
+                             Q, _num_sms(q.device), programs_per_sm=cfg.programs_per_sm(D))
+
+
 def mla_paged_attention(q: torch.Tensor, latent_cache: torch.Tensor, page_table: torch.Tensor,
                         prefix_lens: torch.Tensor, new_lens: torch.Tensor, scale: float, page_size: int,
                         latent_dim: int, mask_mode: str, new_mask: torch.Tensor | None = None,
@@ -195,15 +208,13 @@ def mla_paged_attention(q: torch.Tensor, latent_cache: torch.Tensor, page_table:
                          f"and exceed latent_dim {latent_dim}")
     rope = D - latent_dim
     on_cuda = q.device.type == "cuda"
-    cfg = config or mla_config(latent_dim, on_cuda, B * Q, on_cuda and _has_hopper_smem(q.device))
+    cfg = config or default_config(q, latent_dim)
     block_l = max(16, triton.next_power_of_2(latent_dim))
     if block_l % (16 * cfg.v_splits):
         raise ValueError(f"v_splits {cfg.v_splits} must split the latent tile {block_l} into multiples of 16")
     tiles = triton.cdiv(Q * H, cfg.block_m)
-    P = page_table.shape[1]
     if num_splits is None:
-        num_splits = choose_num_splits(B, 1, tiles * cfg.v_splits, P * page_size, Q, _num_sms(q.device),
-                                       programs_per_sm=cfg.programs_per_sm(D))
+        num_splits = default_num_splits(q, page_table, page_size, cfg)
     num_splits = max(1, int(num_splits))
     mode = MASK_MODES[mask_mode]
     if mode == 2:
@@ -237,4 +248,4 @@ def mla_paged_attention(q: torch.Tensor, latent_cache: torch.Tensor, page_table:
     return out
 
 
-__all__ = ["MLAConfig", "mla_paged_attention", "mla_config"]
+__all__ = ["MLAConfig", "mla_paged_attention", "mla_config", "default_config", "default_num_splits"]

@@ -29,6 +29,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--spec", default="none")
+    ap.add_argument("--spec-policy", default="adaptive", help="static: every step at the method's full width")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
@@ -36,7 +37,7 @@ def main() -> int:
     ap.add_argument("--prefill-lengths", default="", help="also time one prefill per prompt length, twice "
                     "(the first includes any kernel compilation a new shape causes)")
     args = ap.parse_args()
-    engine = LLM(spec=args.spec, max_running_requests=args.batch, device=args.device, dtype=args.dtype).engine
+    engine = LLM(spec=args.spec, spec_policy=args.spec_policy, max_running_requests=args.batch, device=args.device, dtype=args.dtype).engine
     for i in range(args.batch):
         engine.add_request(f"r{i}", [5, 6, 7, 8 + i % 50] * 4,
                            SamplingParams(temperature=0.0, max_tokens=4 * args.steps + 20, ignore_eos=True))

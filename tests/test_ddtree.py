@@ -54,6 +54,19 @@ def test_greedy_tree_equals_plain(qwen3_dir, drafter, budget, topk):
     assert tree.engine.allocator.num_used_pages == 0
 
 
+def test_greedy_tree_walked_by_the_kernel_equals_plain(qwen3_dir, drafter):
+    """The engine with the greedy walk kernel (CUDA's, here under Triton's interpreter)."""
+    from blockspec.speculative.walk_kernel import verify_tree_greedy_triton
+    prompts = prompts_for(512, [5, 18, 9, 27], seed=8)
+    expected = [o.token_ids for o in LLM(model=qwen3_dir).generate(prompts, GREEDY)]
+    tree = LLM(model=qwen3_dir, spec="ddtree", draft_model=drafter, budget=16, spec_policy="static")
+    tree.engine.spec_step.use_walk_kernel(torch.device("cpu"))
+    assert tree.engine.spec_step.greedy_walk is verify_tree_greedy_triton
+    outs = tree.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == expected
+    assert sum(o.metrics.accepted_tokens for o in outs) > 0
+
+
 @pytest.fixture(scope="module")
 def tiny_law(tiny_vocab_dir):
     return exact_laws(tiny_vocab_dir)

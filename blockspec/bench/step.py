@@ -180,7 +180,7 @@ class StepHarness:
             proposer.attach(drafter, model, num_pages, page_size)
         self.runner = ModelRunner(model, self.cache, self.device,
                                   tuple(proposer.target_layer_ids) if proposer else ())
-        self.spec_step = SpeculativeStep(proposer)
+        self.spec_step = SpeculativeStep(proposer, device=self.device)
         self.uniforms = torch.rand(batch, self.spec_step.uniforms_per_row, dtype=torch.float64)
         self.width = 1 + (proposer.max_nodes if proposer else 0)
         self.graphed = None

@@ -112,7 +112,7 @@ class Engine:
         capture = self.proposer.target_layer_ids if self.proposer else ()
         self.runner = ModelRunner(self.model, self.cache, self.device, tuple(capture))
         self.verify_rule = resolve_verify_rule(config.spec_verify, self.proposer)
-        self.spec_step = SpeculativeStep(self.proposer, self.verify_rule)
+        self.spec_step = SpeculativeStep(self.proposer, self.verify_rule, self.device)
         # Each step's verify width (plain, a shorter chain, a smaller tree), chosen from the past
         # only (engine/spec_policy.py; static: always the full width).
         from blockspec.engine.cuda_graphs import batch_buckets

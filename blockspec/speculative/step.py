@@ -7,6 +7,7 @@ and what to keep. The single host synchronisation of a step is `StepResult.from_
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,6 +21,8 @@ from blockspec.seeded_sampling import pin_seeded_rows
 from blockspec.speculative.tree import DraftTree, accepted_kv_indices, chain_tree, truncate_tree
 from blockspec.speculative.verify import (VerifyResult, verify_chain_rejection, verify_tree, verify_tree_greedy,
                                           verify_mixed_tree)
+
+log = logging.getLogger("blockspec.speculative")
 
 
 class TargetForward(Protocol):
@@ -98,12 +101,38 @@ def _roots_only(inputs: StepInputs) -> DraftTree:
 class SpeculativeStep:
     """Drives a proposer (or none) and the verifier for decode steps."""
 
-    def __init__(self, proposer, spec_verify: str = "target-only"):
+    def __init__(self, proposer, spec_verify: str = "target-only", device: torch.device | None = None):
         self.proposer = proposer
+        # The greedy walk: the reference's batch-wide tensor ops, or on CUDA one kernel (`use_walk_kernel`).
+        self.greedy_walk = verify_tree_greedy
+        if device is not None and torch.device(device).type == "cuda":
+            self.use_walk_kernel(torch.device(device))
         self.rejection = spec_verify == "rejection"
         # Rejection sampling of trees whose children were sampled from q (ddtree), not chains.
         self.sampled_trees = self.rejection and bool(proposer and proposer.builds_trees)
         self.max_depth = proposer.max_depth if proposer else 0
+
+    def use_walk_kernel(self, device: torch.device) -> None:
+        """Walk greedy rows with one kernel a step (`walk_kernel.py`) instead of ~12 small ops a
+        depth, checked here against the reference on a probe tree; if it cannot run or differs,
+        the reference stays and the log says so."""
+        from blockspec.speculative.tree import build_tree
+        from blockspec.speculative.walk_kernel import verify_tree_greedy_triton
+        probe = build_tree(torch.log_softmax(torch.arange(2 * 4 * 6, dtype=torch.float32).reshape(2, 4, 6).sin() * 3, -1),
+                           9, None, torch.tensor([1, 2]))
+        targets = probe.tokens[:, [1, 5, 2, 3, 7, 8, 9, 4, 6, 0]]          # leads the walk a few nodes deep
+        try:
+            want = verify_tree_greedy(targets, probe.tokens, probe.parents, probe.max_depth)
+            got = verify_tree_greedy_triton(targets.to(device), probe.tokens.to(device), probe.parents.to(device),
+                                            probe.max_depth)
+            same = all(torch.equal(getattr(got, f).cpu(), getattr(want, f)) for f in ("accept_len", "path", "committed"))
+            error = "" if same else "its walk differs from the reference's"
+        except Exception as e:  # noqa: BLE001 - reported below, and the reference walk is used
+            same, error = False, f"{type(e).__name__}: {e}"
+        if same:
+            self.greedy_walk = verify_tree_greedy_triton
+            return
+        log.warning("the greedy walk kernel is unusable (%s): greedy rows are walked by the reference ops", error[:200])
 
     @property
     def uniforms_per_row(self) -> int:
@@ -213,7 +242,7 @@ class SpeculativeStep:
             # No filters, no probabilities: the same walk over the argmax (a batch-wide fact
             # known on the host, so a graph is captured for each case).
             # The tree's own depth: a tree cut to a narrower width (adaptive) walks only its levels.
-            result = verify_tree_greedy(logits.argmax(-1), tree.tokens, tree.parents, tree.max_depth, tree.is_chain)
+            result = self.greedy_walk(logits.argmax(-1), tree.tokens, tree.parents, tree.max_depth, tree.is_chain)
         else:
             probs = filtered_probs(logits, inputs.sampling)
             if inputs.race_keys is not None:
@@ -248,7 +277,7 @@ class SpeculativeStep:
                 # no q is made up for them.
                 raise ValueError("spec_verify 'rejection' on a tree: the proposer gave no draft distribution q")
             return verify_mixed_tree(probs, draft_probs, tree, uniforms, greedy_rows, tree.max_depth,
-                                     layout_nodes=self.proposer.max_nodes)
+                                     layout_nodes=self.proposer.max_nodes, greedy_walk=self.greedy_walk)
         if draft_probs is None:
             return verify_tree(probs, tree.tokens, tree.parents, uniforms[:, :tree.max_depth + 1])
         # The uniforms' layout is the full chain's (M = max depth): a shorter chain (adaptive)

@@ -311,7 +311,7 @@ def verify_sampled_tree(
 
 def verify_mixed_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tree: DraftTree,
                       uniforms: torch.Tensor, greedy_rows: torch.Tensor, max_depth: int,
-                      layout_nodes: int | None = None) -> VerifyResult:
+                      layout_nodes: int | None = None, greedy_walk=None) -> VerifyResult:
     """The per-request rule for a batch of DDTree trees under `spec_verify="rejection"`:
     greedy rows (`greedy_rows [B]` bool) keep the target-only walk over their top-k tree; the
     others verify their sampled children by recursive rejection sampling.
@@ -322,7 +322,7 @@ def verify_mixed_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tre
     tree's N) is the N of the uniforms' layout: a tree cut to fewer nodes (adaptive widths)
     reads its accept and bonus uniforms where the full tree's are, never among the draws.
     Greedy rows and seeded rows (p pinned to its race winner: blockspec/seeded_sampling.py) are
-    the walked rows.
+    the walked rows; `greedy_walk` walks them (default `verify_tree_greedy`; on CUDA its kernel).
     """
     num_nodes = tree.width - 1
     n = num_nodes if layout_nodes is None else layout_nodes
@@ -331,7 +331,7 @@ def verify_mixed_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tre
     sampled = verify_sampled_tree(target_probs, draft_probs, tree.tokens, tree.parents,
                                   uniforms[:, n:n + num_nodes], uniforms[:, 2 * n], max_depth)
     # A greedy row's p is the one-hot of its argmax, so the walk needs no probabilities.
-    walked = verify_tree_greedy(target_probs.argmax(-1), tree.tokens, tree.parents, max_depth)
+    walked = (greedy_walk or verify_tree_greedy)(target_probs.argmax(-1), tree.tokens, tree.parents, max_depth)
     greedy_rows = greedy_rows.to(target_probs.device)
     pick = lambda walk, rrs: torch.where(greedy_rows.view(-1, *([1] * (walk.dim() - 1))), walk, rrs)  # noqa: E731
     return VerifyResult(accept_len=pick(walked.accept_len, sampled.accept_len), path=pick(walked.path, sampled.path),

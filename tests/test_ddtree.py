@@ -60,11 +60,31 @@ def test_greedy_tree_walked_by_the_kernel_equals_plain(qwen3_dir, drafter):
     prompts = prompts_for(512, [5, 18, 9, 27], seed=8)
     expected = [o.token_ids for o in LLM(model=qwen3_dir).generate(prompts, GREEDY)]
     tree = LLM(model=qwen3_dir, spec="ddtree", draft_model=drafter, budget=16, spec_policy="static")
-    tree.engine.spec_step.use_walk_kernel(torch.device("cpu"))
+    tree.engine.spec_step.use_verify_kernels(torch.device("cpu"))
     assert tree.engine.spec_step.greedy_walk is verify_tree_greedy_triton
     outs = tree.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == expected
     assert sum(o.metrics.accepted_tokens for o in outs) > 0
+
+
+def test_sampled_tree_verified_by_the_kernels_equals_the_reference(qwen3_dir, drafter):
+    """Sampled DDTree rows beside greedy ones, verified by CUDA's kernels (here under Triton's
+    interpreter) and by the reference ops, with the same engine seed: the same tokens, so the
+    kernels inherit the reference's exact law (tests/test_sampled_tree.py)."""
+    from blockspec.speculative import walk_kernel
+    prompts = prompts_for(512, [5, 18, 9, 27, 12, 7], seed=9)
+    params = [SamplingParams(temperature=t, top_p=p, max_tokens=24, ignore_eos=True)
+              for t, p in ((0.0, 1.0), (1.0, 1.0), (0.7, 0.9), (1.0, 1.0), (0.0, 1.0), (1.3, 0.95))]
+    outs = []
+    for kernels in (False, True):
+        llm = LLM(model=qwen3_dir, spec="ddtree", draft_model=drafter, budget=8, spec_verify="rejection",
+                  spec_policy="static", seed=123)
+        if kernels:
+            llm.engine.spec_step.use_verify_kernels(torch.device("cpu"))
+            assert llm.engine.spec_step.sampled_tree_verify is walk_kernel.verify_sampled_tree_triton
+        outs.append(llm.generate(prompts, params))
+    assert [o.token_ids for o in outs[1]] == [o.token_ids for o in outs[0]]
+    assert sum(o.metrics.accepted_tokens for o in outs[1][1:4]) > 0      # sampled rows accepted drafts
 
 
 @pytest.fixture(scope="module")

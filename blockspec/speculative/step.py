@@ -18,9 +18,9 @@ from blockspec.speculative.logits_processing import VerifyPositions, process_log
 from blockspec.logprobs import TokenLogprob, pack_logprobs, path_logprobs, unpack_logprobs
 from blockspec.sampling import filtered_probs
 from blockspec.seeded_sampling import pin_seeded_rows
-from blockspec.speculative.tree import DraftTree, accepted_kv_indices, chain_tree, truncate_tree
-from blockspec.speculative.verify import (VerifyResult, verify_chain_rejection, verify_tree, verify_tree_greedy,
-                                          verify_mixed_tree)
+from blockspec.speculative.tree import DraftTree, accepted_kv_indices, build_tree, chain_tree, truncate_tree
+from blockspec.speculative.verify import (VerifyResult, verify_chain_rejection, verify_mixed_tree, verify_sampled_tree,
+                                          verify_tree, verify_tree_greedy)
 
 log = logging.getLogger("blockspec.speculative")
 
@@ -103,36 +103,43 @@ class SpeculativeStep:
 
     def __init__(self, proposer, spec_verify: str = "target-only", device: torch.device | None = None):
         self.proposer = proposer
-        # The greedy walk: the reference's batch-wide tensor ops, or on CUDA one kernel (`use_walk_kernel`).
-        self.greedy_walk = verify_tree_greedy
+        # Tree verification: the reference's batch-wide tensor ops, or on CUDA one kernel a step
+        # each (`use_verify_kernels`).
+        self.greedy_walk, self.sampled_tree_verify = verify_tree_greedy, verify_sampled_tree
         if device is not None and torch.device(device).type == "cuda":
-            self.use_walk_kernel(torch.device(device))
+            self.use_verify_kernels(torch.device(device))
         self.rejection = spec_verify == "rejection"
         # Rejection sampling of trees whose children were sampled from q (ddtree), not chains.
         self.sampled_trees = self.rejection and bool(proposer and proposer.builds_trees)
         self.max_depth = proposer.max_depth if proposer else 0
 
-    def use_walk_kernel(self, device: torch.device) -> None:
-        """Walk greedy rows with one kernel a step (`walk_kernel.py`) instead of ~12 small ops a
-        depth, checked here against the reference on a probe tree; if it cannot run or differs,
-        the reference stays and the log says so."""
-        from blockspec.speculative.tree import build_tree
-        from blockspec.speculative.walk_kernel import verify_tree_greedy_triton
+    def use_verify_kernels(self, device: torch.device) -> None:
+        """Verify trees with one kernel a step each (`walk_kernel.py`) instead of ~12 small ops a
+        depth (greedy walk) or ~25 a node (sampled trees), each checked here against its
+        reference on a probe tree; one that cannot run or differs is not used, and the log says so."""
+        from blockspec.speculative import walk_kernel
         probe = build_tree(torch.log_softmax(torch.arange(2 * 4 * 6, dtype=torch.float32).reshape(2, 4, 6).sin() * 3, -1),
                            9, None, torch.tensor([1, 2]))
         targets = probe.tokens[:, [1, 5, 2, 3, 7, 8, 9, 4, 6, 0]]          # leads the walk a few nodes deep
-        try:
-            want = verify_tree_greedy(targets, probe.tokens, probe.parents, probe.max_depth)
-            got = verify_tree_greedy_triton(targets.to(device), probe.tokens.to(device), probe.parents.to(device),
-                                            probe.max_depth)
-            same = all(torch.equal(getattr(got, f).cpu(), getattr(want, f)) for f in ("accept_len", "path", "committed"))
-            error = "" if same else "its walk differs from the reference's"
-        except Exception as e:  # noqa: BLE001 - reported below, and the reference walk is used
-            same, error = False, f"{type(e).__name__}: {e}"
-        if same:
-            self.greedy_walk = verify_tree_greedy_triton
-            return
-        log.warning("the greedy walk kernel is unusable (%s): greedy rows are walked by the reference ops", error[:200])
+        p = torch.softmax(torch.arange(2 * 10 * 6, dtype=torch.float32).reshape(2, 10, 6).cos() * 3, -1)
+        q = torch.softmax(torch.arange(2 * 4 * 6, dtype=torch.float32).reshape(2, 4, 6).sin() * 2, -1)
+        uniforms = torch.linspace(0.05, 0.95, 2 * 10, dtype=torch.float64).reshape(2, 10)
+        checks = (("greedy_walk", verify_tree_greedy, walk_kernel.verify_tree_greedy_triton,
+                   (targets, probe.tokens, probe.parents, 4)),
+                  ("sampled_tree_verify", verify_sampled_tree, walk_kernel.verify_sampled_tree_triton,
+                   (p, q, probe.tokens, probe.parents, uniforms[:, :9], uniforms[:, 9], 4)))
+        for name, reference, kernel, args in checks:
+            try:
+                want = reference(*args)
+                got = kernel(*[a.to(device) if torch.is_tensor(a) else a for a in args])
+                same = all(torch.equal(getattr(got, f).cpu(), getattr(want, f)) for f in ("accept_len", "path", "committed"))
+                error = "" if same else "its result differs from the reference's"
+            except Exception as e:  # noqa: BLE001 - reported below, and the reference is used
+                same, error = False, f"{type(e).__name__}: {e}"
+            if same:
+                setattr(self, name, kernel)
+            else:
+                log.warning("the %s kernel is unusable (%s): the reference ops verify instead", name, error[:200])
 
     @property
     def uniforms_per_row(self) -> int:
@@ -277,7 +284,8 @@ class SpeculativeStep:
                 # no q is made up for them.
                 raise ValueError("spec_verify 'rejection' on a tree: the proposer gave no draft distribution q")
             return verify_mixed_tree(probs, draft_probs, tree, uniforms, greedy_rows, tree.max_depth,
-                                     layout_nodes=self.proposer.max_nodes, greedy_walk=self.greedy_walk)
+                                     layout_nodes=self.proposer.max_nodes, greedy_walk=self.greedy_walk,
+                                     sampled_verify=self.sampled_tree_verify)
         if draft_probs is None:
             return verify_tree(probs, tree.tokens, tree.parents, uniforms[:, :tree.max_depth + 1])
         # The uniforms' layout is the full chain's (M = max depth): a shorter chain (adaptive)

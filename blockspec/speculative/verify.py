@@ -311,7 +311,7 @@ def verify_sampled_tree(
 
 def verify_mixed_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tree: DraftTree,
                       uniforms: torch.Tensor, greedy_rows: torch.Tensor, max_depth: int,
-                      layout_nodes: int | None = None, greedy_walk=None) -> VerifyResult:
+                      layout_nodes: int | None = None, greedy_walk=None, sampled_verify=None) -> VerifyResult:
     """The per-request rule for a batch of DDTree trees under `spec_verify="rejection"`:
     greedy rows (`greedy_rows [B]` bool) keep the target-only walk over their top-k tree; the
     others verify their sampled children by recursive rejection sampling.
@@ -322,13 +322,14 @@ def verify_mixed_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tre
     tree's N) is the N of the uniforms' layout: a tree cut to fewer nodes (adaptive widths)
     reads its accept and bonus uniforms where the full tree's are, never among the draws.
     Greedy rows and seeded rows (p pinned to its race winner: blockspec/seeded_sampling.py) are
-    the walked rows; `greedy_walk` walks them (default `verify_tree_greedy`; on CUDA its kernel).
+    the walked rows. `greedy_walk` and `sampled_verify` default to `verify_tree_greedy` and
+    `verify_sampled_tree` (on CUDA the step passes their kernels, `walk_kernel.py`).
     """
     num_nodes = tree.width - 1
     n = num_nodes if layout_nodes is None else layout_nodes
     if n < num_nodes:
         raise ValueError(f"layout_nodes {n} must be at least the tree's {num_nodes} nodes")
-    sampled = verify_sampled_tree(target_probs, draft_probs, tree.tokens, tree.parents,
+    sampled = (sampled_verify or verify_sampled_tree)(target_probs, draft_probs, tree.tokens, tree.parents,
                                   uniforms[:, n:n + num_nodes], uniforms[:, 2 * n], max_depth)
     # A greedy row's p is the one-hot of its argmax, so the walk needs no probabilities.
     walked = (greedy_walk or verify_tree_greedy)(target_probs.argmax(-1), tree.tokens, tree.parents, max_depth)

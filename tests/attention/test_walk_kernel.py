@@ -72,33 +72,94 @@ def test_first_matching_child_in_index_order_wins():
     assert want.path.tolist() == [[0, 1, 3]] and want.committed.tolist() == [[3, 5, 1]]
 
 
-def test_step_checks_the_kernel_and_says_when_it_cannot_use_it(monkeypatch, caplog):
-    """A CUDA engine's step adopts the walk kernel after checking it against the reference; a
-    kernel that fails (here: one that raises, then one that walks wrong) leaves the reference
-    walk, and the log says so."""
+def test_step_checks_the_kernels_and_says_when_it_cannot_use_one(monkeypatch, caplog):
+    """A CUDA engine's step adopts each verify kernel after checking it against its reference;
+    a kernel that fails (here: one that raises, then one that verifies wrong) leaves that
+    reference in use, the other kernel still adopted, and the log says so."""
     import logging
 
     import blockspec.speculative.walk_kernel as walk_kernel
     from blockspec.speculative.step import SpeculativeStep
+    from blockspec.speculative.verify import verify_sampled_tree
 
     step = SpeculativeStep(None)
-    assert step.greedy_walk is verify_tree_greedy            # no device given: the reference
-    step.use_walk_kernel(torch.device(DEVICE))
+    assert (step.greedy_walk, step.sampled_tree_verify) == (verify_tree_greedy, verify_sampled_tree)  # no device given
+    step.use_verify_kernels(torch.device(DEVICE))
     assert step.greedy_walk is walk_kernel.verify_tree_greedy_triton
+    assert step.sampled_tree_verify is walk_kernel.verify_sampled_tree_triton
 
     def broken(*args, **kwargs):
         raise RuntimeError("no kernel")
 
-    def wrong(targets, tokens, parents, max_depth, is_chain=False):
-        result = verify_tree_greedy(targets, tokens, parents, max_depth)
-        result.accept_len = result.accept_len + 1
-        return result
+    def wrong(reference):
+        def verify(*args):
+            result = reference(*args)
+            result.accept_len = result.accept_len + 1
+            return result
+        return verify
 
-    for bad in (broken, wrong):
-        monkeypatch.setattr(walk_kernel, "verify_tree_greedy_triton", bad)
-        step = SpeculativeStep(None)
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="blockspec.speculative"):
-            step.use_walk_kernel(torch.device(DEVICE))
-        assert step.greedy_walk is verify_tree_greedy
-        assert "walked by the reference" in caplog.text
+    for name, kernel_name, reference in (("greedy_walk", "verify_tree_greedy_triton", verify_tree_greedy),
+                                         ("sampled_tree_verify", "verify_sampled_tree_triton", verify_sampled_tree)):
+        for bad in (broken, wrong(reference)):
+            monkeypatch.setattr(walk_kernel, kernel_name, bad)
+            step = SpeculativeStep(None)
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="blockspec.speculative"):
+                step.use_verify_kernels(torch.device(DEVICE))
+            assert getattr(step, name) is reference
+            assert f"the {name} kernel is unusable" in caplog.text
+            other = "sampled_tree_verify" if name == "greedy_walk" else "greedy_walk"
+            assert getattr(step, other).__module__ == walk_kernel.__name__
+        monkeypatch.undo()
+
+
+def sampled_tree_case(seed: int, B: int, V: int, parents: list[int], depths: list[int], top_k: int):
+    """Rows of one tree shape with children drawn from q without replacement (padding where q
+    ran out), p and q random with `top_k` positive tokens each, and the uniforms."""
+    from blockspec.speculative.sampled_tree import fill_with_samples
+    from blockspec.speculative.tree import DraftTree
+    gen = torch.Generator().manual_seed(seed)
+    W, L = len(parents), max(depths)
+
+    def laws(*shape):
+        x = torch.randn(*shape, V, generator=gen) * 2
+        cut = x.topk(top_k, dim=-1).values[..., -1:]
+        return torch.softmax(x.masked_fill(x < cut, float("-inf")), -1)
+
+    p, q = laws(B, W), laws(B, L)
+    tree = DraftTree(torch.zeros(B, W, dtype=torch.long), torch.tensor([parents]).expand(B, -1).contiguous(),
+                     torch.tensor([depths]).expand(B, -1).contiguous(), torch.full((B,), W - 1),
+                     torch.zeros(B, W), L)
+    tree = fill_with_samples(tree, q, torch.rand(B, W - 1, generator=gen, dtype=torch.float64),
+                             torch.ones(B, dtype=torch.bool))
+    accept = torch.rand(B, W - 1, generator=gen, dtype=torch.float64)
+    bonus = torch.rand(B, generator=gen, dtype=torch.float64)
+    return p, q, tree, accept, bonus
+
+
+@pytest.mark.parametrize("V, top_k", [(7, 3), (13, 13), (3000, 40)])
+def test_sampled_tree_kernel_equals_reference(V, top_k):
+    """Several siblings a node (rejections, renormalised q, residuals), undrawable padding, and a
+    vocabulary wider than one tile of the kernel's loop."""
+    from blockspec.speculative.verify import verify_sampled_tree
+    from blockspec.speculative.walk_kernel import verify_sampled_tree_triton
+    parents, depths = [-1, 0, 0, 0, 1, 1, 2, 4, 4, 7], [0, 1, 1, 1, 2, 2, 2, 3, 3, 4]
+    p, q, tree, accept, bonus = sampled_tree_case(V, 64 if V < 100 else 8, V, parents, depths, top_k)
+    want = verify_sampled_tree(p, q, tree.tokens, tree.parents, accept, bonus, 4)
+    got = verify_sampled_tree_triton(p.to(DEVICE), q.to(DEVICE), tree.tokens.to(DEVICE), tree.parents.to(DEVICE),
+                                     accept.to(DEVICE), bonus.to(DEVICE), 4)
+    for field in ("accept_len", "path", "committed"):
+        assert torch.equal(getattr(got, field).cpu(), getattr(want, field)), field
+    if V < 100:   # the cases reach younger siblings and deep nodes
+        assert int((want.path[:, 1] >= 2).sum()) > 3 and int(want.accept_len.max()) >= 3
+
+
+def test_sampled_tree_kernel_reads_strided_uniforms():
+    """The step passes the accept uniforms as a column slice of its uniforms."""
+    from blockspec.speculative.verify import verify_sampled_tree
+    from blockspec.speculative.walk_kernel import verify_sampled_tree_triton
+    p, q, tree, accept, bonus = sampled_tree_case(3, 16, 9, [-1, 0, 0, 1, 1], [0, 1, 1, 2, 2], 5)
+    wide = torch.cat([torch.rand(16, 4, dtype=torch.float64), accept, bonus[:, None]], dim=1)
+    want = verify_sampled_tree(p, q, tree.tokens, tree.parents, accept, bonus, 2)
+    got = verify_sampled_tree_triton(p, q, tree.tokens, tree.parents, wide[:, 4:8], wide[:, 8], 2)
+    assert torch.equal(got.committed, want.committed) and torch.equal(got.path, want.path)

@@ -30,6 +30,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--spec", default="none")
     ap.add_argument("--spec-policy", default="adaptive", help="static: every step at the method's full width")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--reference-verify", action="store_true",
+                    help="verify trees by the reference ops on CUDA too (not the verify kernels): their A/B")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
@@ -37,10 +41,14 @@ def main() -> int:
     ap.add_argument("--prefill-lengths", default="", help="also time one prefill per prompt length, twice "
                     "(the first includes any kernel compilation a new shape causes)")
     args = ap.parse_args()
+    if args.reference_verify:
+        from blockspec.speculative.step import SpeculativeStep
+        SpeculativeStep.use_verify_kernels = lambda self, device: None
     engine = LLM(spec=args.spec, spec_policy=args.spec_policy, max_running_requests=args.batch, device=args.device, dtype=args.dtype).engine
     for i in range(args.batch):
         engine.add_request(f"r{i}", [5, 6, 7, 8 + i % 50] * 4,
-                           SamplingParams(temperature=0.0, max_tokens=4 * args.steps + 20, ignore_eos=True))
+                           SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                                          max_tokens=4 * args.steps + 20, ignore_eos=True))
     while engine.scheduler.waiting or any(s.is_prefilling for s in engine.scheduler.running):
         engine.step()
     if not args.real_forward:
@@ -57,6 +65,7 @@ def main() -> int:
     if profiler:
         profiler.disable()
     what = "whole step" if args.real_forward else "forward stubbed"
+    what += f", T {args.temperature} top_p {args.top_p}" + (", reference verify" if args.reference_verify else "")
     print(f"host ms per decode step, batch {args.batch}, spec {args.spec}, {args.device}, {what}: "
           f"{(time.perf_counter() - start) / args.steps * 1e3:.2f}")
     if args.prefill_lengths:

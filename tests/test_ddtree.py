@@ -68,10 +68,12 @@ def test_greedy_tree_walked_by_the_kernel_equals_plain(qwen3_dir, drafter):
 
 
 def test_sampled_tree_verified_by_the_kernels_equals_the_reference(qwen3_dir, drafter):
-    """Sampled DDTree rows beside greedy ones, verified by CUDA's kernels (here under Triton's
-    interpreter) and by the reference ops, with the same engine seed: the same tokens, so the
-    kernels inherit the reference's exact law (tests/test_sampled_tree.py)."""
+    """Sampled DDTree rows beside greedy ones, drafted (tree search, children draws) and verified
+    by CUDA's kernels (here under Triton's interpreter) and by the reference ops, with the same
+    engine seed: the same tokens, so the kernels inherit the reference's exact law
+    (tests/test_sampled_tree.py)."""
     from blockspec.speculative import walk_kernel
+    from blockspec.speculative.children_kernel import sample_children_triton
     prompts = prompts_for(512, [5, 18, 9, 27, 12, 7], seed=9)
     params = [SamplingParams(temperature=t, top_p=p, max_tokens=24, ignore_eos=True)
               for t, p in ((0.0, 1.0), (1.0, 1.0), (0.7, 0.9), (1.0, 1.0), (0.0, 1.0), (1.3, 0.95))]
@@ -81,7 +83,9 @@ def test_sampled_tree_verified_by_the_kernels_equals_the_reference(qwen3_dir, dr
                   spec_policy="static", seed=123)
         if kernels:
             llm.engine.spec_step.use_verify_kernels(torch.device("cpu"))
+            llm.engine.proposer._use_tree_kernel(torch.device("cpu"))
             assert llm.engine.spec_step.sampled_tree_verify is walk_kernel.verify_sampled_tree_triton
+            assert llm.engine.proposer.sample_children is sample_children_triton
         outs.append(llm.generate(prompts, params))
     assert [o.token_ids for o in outs[1]] == [o.token_ids for o in outs[0]]
     assert sum(o.metrics.accepted_tokens for o in outs[1][1:4]) > 0      # sampled rows accepted drafts

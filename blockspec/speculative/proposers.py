@@ -24,8 +24,9 @@ from blockspec.attention.metadata import AttentionBatch
 from blockspec.batch import StepInputs
 from blockspec.sampling import filtered_probs, sample_from_probs, tempered_probs
 from blockspec.seeded_sampling import pin_seeded_rows
+from blockspec.speculative.kernel_probe import kernel_mismatch
 from blockspec.speculative.ngram import propose_ngram_batch
-from blockspec.speculative.sampled_tree import fill_with_samples, race_ranked_scores, shape_scores
+from blockspec.speculative.sampled_tree import fill_with_samples, race_ranked_scores, sample_children, shape_scores
 from blockspec.speculative.tree import DraftTree, build_tree, chain_tree
 
 log = logging.getLogger("blockspec.proposers")
@@ -163,6 +164,7 @@ class DFlashProposer(Proposer):
         self.builds_trees = tree_budget is not None
         self.drafts_on_device = True
         self.build_tree = build_tree     # DDTree's search; on CUDA the same search as a kernel (attach)
+        self.sample_children = sample_children   # a sampled tree's draws; on CUDA a kernel too (attach)
         self.target_layer_ids = config.target_layer_ids
         self.mask_token_id = config.mask_token_id
 
@@ -190,23 +192,30 @@ class DFlashProposer(Proposer):
 
     def _use_tree_kernel(self, device: torch.device) -> None:
         """On CUDA the tree is built by a kernel, so draft → tree → verify is one CUDA graph (on
-        the CPU the host heap is the faster; both give the same tree, tested). The kernel is
-        checked against the heap once here; if it cannot run, trees are built on the host and
-        the log says so."""
+        the CPU the host heap is the faster; both give the same tree, tested), and a sampled
+        tree's children are drawn by one kernel a step (`children_kernel.py`) instead of ~25
+        batch-wide ops a draw. Each is checked against its reference once here; one that cannot
+        run or differs is not used (trees built on the host, or the reference draws), and the
+        log says so."""
+        from blockspec.speculative.children_kernel import sample_children_triton
         from blockspec.speculative.tree_kernel import build_tree_triton
+        fields = lambda tree: (tree.tokens, tree.parents, tree.depths)  # noqa: E731
         probe = torch.log_softmax(torch.arange(2 * 3 * 8, dtype=torch.float32).reshape(2, 3, 8).sin() * 4, -1)
-        try:
-            got, want = build_tree_triton(probe.to(device), 6), build_tree(probe, 6)
-            same = all(torch.equal(getattr(got, f).cpu(), getattr(want, f)) for f in ("tokens", "parents", "depths"))
-            error = "" if same else "its tree differs from the host heap's"
-        except Exception as e:  # noqa: BLE001 - reported below, and the host heap is used
-            same, error = False, f"{type(e).__name__}: {e}"
-        if same:
+        error = kernel_mismatch(build_tree_triton, build_tree, (probe, 6), device, fields)
+        if not error:
             self.build_tree = build_tree_triton
-            return
-        log.warning("DDTree's tree kernel is unusable (%s): trees are built on the host, outside the CUDA graph",
-                    error[:200])
-        self.drafts_on_device = False
+        else:
+            log.warning("DDTree's tree kernel is unusable (%s): trees are built on the host, outside the CUDA graph", error)
+            self.drafts_on_device = False
+        q = torch.softmax(torch.arange(2 * 3 * 7, dtype=torch.float32).reshape(2, 3, 7).cos() * 3, -1)
+        q[:, :, 5:] = 0.0                                        # a support smaller than the children
+        shape = build_tree(torch.log_softmax(torch.arange(2 * 3 * 7, dtype=torch.float32).reshape(2, 3, 7).sin(), -1), 9)
+        uniforms = torch.linspace(0.03, 0.97, 18, dtype=torch.float64).reshape(2, 9)
+        error = kernel_mismatch(sample_children_triton, sample_children, (shape.parents, shape.depths, q, uniforms), device)
+        if not error:
+            self.sample_children = sample_children_triton
+        else:
+            log.warning("the sampled tree's children kernel is unusable (%s): the reference ops draw them", error)
 
     @torch.inference_mode()
     def on_prefill(self, features, batch: AttentionBatch, positions) -> None:
@@ -255,7 +264,7 @@ class DFlashProposer(Proposer):
             raced = filtered_probs(logits, inputs.sampling)
             scores = race_ranked_scores(scores, raced, inputs.race_keys, self._draft_positions(inputs))
         tree = self.build_tree(scores, self.tree_budget, self.tree_topk, inputs.roots)
-        return fill_with_samples(tree, q, inputs.uniforms[:, :self.max_nodes], ~walked), q
+        return fill_with_samples(tree, q, inputs.uniforms[:, :self.max_nodes], ~walked, self.sample_children), q
 
     @torch.inference_mode()
     def on_verify(self, inputs: StepInputs, accept_len: torch.Tensor, path_features: torch.Tensor) -> None:

@@ -145,11 +145,11 @@ def sample_children(parents: torch.Tensor, depths: torch.Tensor, draft_probs: to
 
 
 def fill_with_samples(tree: DraftTree, draft_probs: torch.Tensor, uniforms: torch.Tensor,
-                      sampled_rows: torch.Tensor) -> DraftTree:
-    """The tree with sampled rows' tokens replaced by draws (`sample_children`) and undrawable
-    nodes (and their subtrees) made padding; other rows are unchanged. `uniforms [B, W − 1]`,
-    `sampled_rows [B]` bool."""
-    tokens, drawn = sample_children(tree.parents, tree.depths, draft_probs, uniforms)
+                      sampled_rows: torch.Tensor, draw=None) -> DraftTree:
+    """The tree with sampled rows' tokens replaced by draws (`draw`, default `sample_children`;
+    on CUDA the proposer passes its kernel) and undrawable nodes (and their subtrees) made
+    padding; other rows are unchanged. `uniforms [B, W − 1]`, `sampled_rows [B]` bool."""
+    tokens, drawn = (draw or sample_children)(tree.parents, tree.depths, draft_probs, uniforms)
     keep = drawn | ~sampled_rows[:, None] | (tree.parents == PAD_PARENT)
     # A node is kept when it and every ancestor are; parents precede children, so depth passes do.
     for _ in range(draft_probs.shape[1]):

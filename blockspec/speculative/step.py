@@ -18,6 +18,7 @@ from blockspec.speculative.logits_processing import VerifyPositions, process_log
 from blockspec.logprobs import TokenLogprob, pack_logprobs, path_logprobs, unpack_logprobs
 from blockspec.sampling import filtered_probs
 from blockspec.seeded_sampling import pin_seeded_rows
+from blockspec.speculative.kernel_probe import kernel_mismatch
 from blockspec.speculative.tree import DraftTree, accepted_kv_indices, build_tree, chain_tree, truncate_tree
 from blockspec.speculative.verify import (VerifyResult, verify_chain_rejection, verify_mixed_tree, verify_sampled_tree,
                                           verify_tree, verify_tree_greedy)
@@ -129,17 +130,11 @@ class SpeculativeStep:
                   ("sampled_tree_verify", verify_sampled_tree, walk_kernel.verify_sampled_tree_triton,
                    (p, q, probe.tokens, probe.parents, uniforms[:, :9], uniforms[:, 9], 4)))
         for name, reference, kernel, args in checks:
-            try:
-                want = reference(*args)
-                got = kernel(*[a.to(device) if torch.is_tensor(a) else a for a in args])
-                same = all(torch.equal(getattr(got, f).cpu(), getattr(want, f)) for f in ("accept_len", "path", "committed"))
-                error = "" if same else "its result differs from the reference's"
-            except Exception as e:  # noqa: BLE001 - reported below, and the reference is used
-                same, error = False, f"{type(e).__name__}: {e}"
-            if same:
+            error = kernel_mismatch(kernel, reference, args, device, lambda r: (r.accept_len, r.path, r.committed))
+            if not error:
                 setattr(self, name, kernel)
             else:
-                log.warning("the %s kernel is unusable (%s): the reference ops verify instead", name, error[:200])
+                log.warning("the %s kernel is unusable (%s): the reference ops verify instead", name, error)
 
     @property
     def uniforms_per_row(self) -> int:

@@ -32,8 +32,9 @@ def main() -> int:
     ap.add_argument("--spec-policy", default="adaptive", help="static: every step at the method's full width")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--reference-verify", action="store_true",
-                    help="verify trees by the reference ops on CUDA too (not the verify kernels): their A/B")
+    ap.add_argument("--reference-tree-ops", action="store_true",
+                    help="verify trees and draw sampled children by the reference ops on CUDA too (not their "
+                    "kernels; the tree search keeps its kernel): the kernels' A/B")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
@@ -41,9 +42,12 @@ def main() -> int:
     ap.add_argument("--prefill-lengths", default="", help="also time one prefill per prompt length, twice "
                     "(the first includes any kernel compilation a new shape causes)")
     args = ap.parse_args()
-    if args.reference_verify:
+    if args.reference_tree_ops:
+        import blockspec.speculative.children_kernel as children_kernel
+        from blockspec.speculative.sampled_tree import sample_children
         from blockspec.speculative.step import SpeculativeStep
         SpeculativeStep.use_verify_kernels = lambda self, device: None
+        children_kernel.sample_children_triton = sample_children    # (the proposer's check then adopts the reference)
     engine = LLM(spec=args.spec, spec_policy=args.spec_policy, max_running_requests=args.batch, device=args.device, dtype=args.dtype).engine
     for i in range(args.batch):
         engine.add_request(f"r{i}", [5, 6, 7, 8 + i % 50] * 4,
@@ -65,7 +69,7 @@ def main() -> int:
     if profiler:
         profiler.disable()
     what = "whole step" if args.real_forward else "forward stubbed"
-    what += f", T {args.temperature} top_p {args.top_p}" + (", reference verify" if args.reference_verify else "")
+    what += f", T {args.temperature} top_p {args.top_p}" + (", reference tree ops" if args.reference_tree_ops else "")
     print(f"host ms per decode step, batch {args.batch}, spec {args.spec}, {args.device}, {what}: "
           f"{(time.perf_counter() - start) / args.steps * 1e3:.2f}")
     if args.prefill_lengths:

@@ -60,7 +60,7 @@ def test_greedy_tree_walked_by_the_kernel_equals_plain(qwen3_dir, drafter):
     prompts = prompts_for(512, [5, 18, 9, 27], seed=8)
     expected = [o.token_ids for o in LLM(model=qwen3_dir).generate(prompts, GREEDY)]
     tree = LLM(model=qwen3_dir, spec="ddtree", draft_model=drafter, budget=16, spec_policy="static")
-    tree.engine.spec_step.use_verify_kernels(torch.device("cpu"))
+    tree.engine.spec_step.use_verify_kernels(tree.engine.device)
     assert tree.engine.spec_step.greedy_walk is verify_tree_greedy_triton
     outs = tree.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == expected
@@ -74,16 +74,22 @@ def test_sampled_tree_verified_by_the_kernels_equals_the_reference(qwen3_dir, dr
     (tests/test_sampled_tree.py)."""
     from blockspec.speculative import walk_kernel
     from blockspec.speculative.children_kernel import sample_children_triton
+    from blockspec.speculative.sampled_tree import sample_children
+    from blockspec.speculative.verify import verify_sampled_tree, verify_tree_greedy
     prompts = prompts_for(512, [5, 18, 9, 27, 12, 7], seed=9)
     params = [SamplingParams(temperature=t, top_p=p, max_tokens=24, ignore_eos=True)
               for t, p in ((0.0, 1.0), (1.0, 1.0), (0.7, 0.9), (1.0, 1.0), (0.0, 1.0), (1.3, 0.95))]
     outs = []
     for kernels in (False, True):
         llm = LLM(model=qwen3_dir, spec="ddtree", draft_model=drafter, budget=8, spec_verify="rejection",
-                  spec_policy="static", seed=123)
+                  spec_policy="static", seed=123, cuda_graph=False)
+        step, proposer = llm.engine.spec_step, llm.engine.proposer
+        # (A CUDA engine adopts the kernels itself: the reference arm puts the reference ops back.)
+        step.greedy_walk, step.sampled_tree_verify = verify_tree_greedy, verify_sampled_tree
+        proposer.sample_children = sample_children
         if kernels:
-            llm.engine.spec_step.use_verify_kernels(torch.device("cpu"))
-            llm.engine.proposer._use_tree_kernel(torch.device("cpu"))
+            llm.engine.spec_step.use_verify_kernels(llm.engine.device)
+            llm.engine.proposer._use_tree_kernel(llm.engine.device)
             assert llm.engine.spec_step.sampled_tree_verify is walk_kernel.verify_sampled_tree_triton
             assert llm.engine.proposer.sample_children is sample_children_triton
         outs.append(llm.generate(prompts, params))

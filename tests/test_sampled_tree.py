@@ -289,3 +289,28 @@ def test_race_ranked_scores_equal_the_all_rows_formula_and_skip_unseeded_batches
     if not any(seeded) and not kernel:
         monkeypatch.setattr(sampled_tree, "race_scores", lambda *a, **k: pytest.fail("raced a batch without seeds"))
     assert torch.equal(race_ranked_scores(scores.clone(), q, keys, positions, kernel=kernel), want)
+
+
+def test_a_node_is_kept_iff_it_and_every_ancestor_were_drawn():
+    """fill_with_samples' pointer doubling against each node's ancestor chain walked in Python,
+    on deep random trees (depth up to 9) with random undrawable nodes."""
+    from blockspec.speculative.tree import build_tree
+    gen = torch.Generator().manual_seed(4)
+    B, L, V = 5, 9, 4
+    tree = build_tree(torch.log_softmax(torch.randn(B, L, V, generator=gen) * 3, -1), 40)
+    undrawn = (torch.rand(B, tree.width, generator=gen) < 0.12) & (tree.parents >= 0)
+    sampled = torch.tensor([True, True, False, True, True])
+
+    def draw(parents, depths, q, uniforms):
+        return torch.ones_like(parents), ~undrawn
+
+    out = fill_with_samples(tree, torch.ones(B, L, V) / V, torch.zeros(B, tree.width - 1, dtype=F64), sampled, draw)
+    assert int(tree.depths.max()) >= 6
+    for b in range(B):
+        for i in range(tree.width):
+            chain, node = [], i
+            while node >= 0:
+                chain.append(node)
+                node = int(tree.parents[b, node])
+            kept = not sampled[b] or not any(bool(undrawn[b, n]) for n in chain)
+            assert (int(out.parents[b, i]) != PAD_PARENT) == (kept and int(tree.parents[b, i]) != PAD_PARENT), (b, i)

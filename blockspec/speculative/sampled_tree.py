@@ -151,10 +151,15 @@ def fill_with_samples(tree: DraftTree, draft_probs: torch.Tensor, uniforms: torc
     padding; other rows are unchanged. `uniforms [B, W − 1]`, `sampled_rows [B]` bool."""
     tokens, drawn = (draw or sample_children)(tree.parents, tree.depths, draft_probs, uniforms)
     keep = drawn | ~sampled_rows[:, None] | (tree.parents == PAD_PARENT)
-    # A node is kept when it and every ancestor are; parents precede children, so depth passes do.
-    for _ in range(draft_probs.shape[1]):
-        parent_kept = keep.gather(1, tree.parents.clamp(min=0))
-        keep = keep & (parent_kept | (tree.parents < 0))
+    # A node is kept when it and every ancestor are: pointer doubling, so ⌈log2 L⌉ passes
+    # (after pass k, `keep` covers the ancestors closer than 2^k and `jump` is the 2^k-th one;
+    # −1 is past the root, whose own `keep` stands in, being True).
+    jump = tree.parents.clamp(min=-1)
+    span = 1
+    while span < max(draft_probs.shape[1], 1):
+        keep = keep & ((jump < 0) | keep.gather(1, jump.clamp(min=0)))
+        jump = torch.where(jump < 0, jump, jump.gather(1, jump.clamp(min=0)))
+        span *= 2
     real = keep & (tree.parents >= 0)
     parents = torch.where(keep, tree.parents, PAD_PARENT)
     sampled_tokens = torch.where(real, tokens, 0)

@@ -21,11 +21,20 @@ _NEVER = 2 ** 30
 
 
 @triton.jit
-def _best_first_kernel(vals_ptr, parent_ptr, depth_ptr, rank_ptr, score_ptr, budget, L, K,
-                       FRONTIER: tl.constexpr, NEVER: tl.constexpr):
+def _best_first_kernel(vals_ptr, idx_ptr, root_ptr, parent_ptr, depth_ptr, rank_ptr, score_ptr, token_ptr,
+                       budget, L, K, HAS_ROOT: tl.constexpr, FRONTIER: tl.constexpr, NEVER: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     vals = vals_ptr + b * L * K                        # [L, K] top-k log-probs, descending
     W = budget + 1
+    # The root (every output is written here: the caller allocates them uninitialised).
+    tl.store(parent_ptr + b * W, -1)
+    tl.store(depth_ptr + b * W, 0)
+    tl.store(rank_ptr + b * W, 0)
+    tl.store(score_ptr + b * W, 0.0)
+    if HAS_ROOT:
+        tl.store(token_ptr + b * W, tl.load(root_ptr + b).to(tl.int64))
+    else:
+        tl.store(token_ptr + b * W, 0)
     offs = tl.arange(0, FRONTIER)
     first = tl.load(vals).to(tl.float64)
     valid = offs == 0
@@ -54,6 +63,8 @@ def _best_first_kernel(vals_ptr, parent_ptr, depth_ptr, rank_ptr, score_ptr, bud
         tl.store(depth_ptr + out, tl.where(has, s_depth, 0).to(tl.int64))
         tl.store(rank_ptr + out, tl.where(has, s_rank, 0).to(tl.int64))
         tl.store(score_ptr + out, tl.where(has, s_score, 0.0).to(tl.float32))
+        token = tl.load(idx_ptr + b * L * K + (s_depth - 1) * K + s_rank, mask=has, other=0)
+        tl.store(token_ptr + out, tl.where(has, token, 0).to(tl.int64))
         # The next sibling takes the popped slot; the first child the fresh slot i + 1.
         sib_ok = has & (s_rank + 1 < K)
         sib_val = tl.load(vals + (s_depth - 1) * K + s_rank + 1, mask=sib_ok, other=0.0).to(tl.float64)
@@ -85,18 +96,21 @@ def build_tree_triton(draft_logprobs: torch.Tensor, budget: int, topk: int | Non
     device = draft_logprobs.device
     k = min(budget, V, topk if topk is not None else budget)
     width = budget + 1
-    parents = torch.full((B, width), PAD_PARENT, dtype=torch.int64, device=device)
-    parents[:, 0] = ROOT_PARENT
-    depths = torch.zeros(B, width, dtype=torch.int64, device=device)
-    ranks = torch.zeros(B, width, dtype=torch.int64, device=device)
-    logprob = torch.zeros(B, width, dtype=torch.float32, device=device)
-    tokens = torch.zeros(B, width, dtype=torch.int64, device=device)
-    if k > 0 and L > 0:
-        top_vals, top_idx = torch.topk(draft_logprobs.float(), k, dim=-1)      # [B, L, K]
-        _best_first_kernel[(B,)](top_vals.contiguous(), parents, depths, ranks, logprob, budget, L, k,
-                                 FRONTIER=triton.next_power_of_2(width), NEVER=_NEVER)
-        flat = ((depths - 1).clamp(min=0) * k + ranks).clamp(max=L * k - 1)
-        tokens = torch.where(parents >= 0, top_idx.reshape(B, L * k).gather(1, flat), 0)
-    if root_tokens is not None:
-        tokens[:, 0] = root_tokens.to(device=device, dtype=torch.int64)
+    if k == 0 or L == 0:    # just the root (and padding)
+        parents = torch.full((B, width), PAD_PARENT, dtype=torch.int64, device=device)
+        parents[:, 0] = ROOT_PARENT
+        tokens = torch.zeros(B, width, dtype=torch.int64, device=device)
+        if root_tokens is not None:
+            tokens[:, 0] = root_tokens.to(device=device, dtype=torch.int64)
+        zeros = torch.zeros(B, width, dtype=torch.int64, device=device)
+        return DraftTree(tokens, parents, zeros, (parents >= 0).sum(dim=1), torch.zeros(B, width, device=device),
+                         max_depth=L, is_chain=False)
+    # Every output is written by the kernel (root, nodes, padding): no fills before it.
+    parents, depths, ranks, tokens = (torch.empty(B, width, dtype=torch.int64, device=device) for _ in range(4))
+    logprob = torch.empty(B, width, dtype=torch.float32, device=device)
+    top_vals, top_idx = torch.topk(draft_logprobs.float(), k, dim=-1)          # [B, L, K]
+    roots = root_tokens.to(device) if root_tokens is not None else top_idx      # (unread without roots)
+    _best_first_kernel[(B,)](top_vals.contiguous(), top_idx.contiguous(), roots, parents, depths, ranks, logprob,
+                             tokens, budget, L, k, HAS_ROOT=root_tokens is not None,
+                             FRONTIER=triton.next_power_of_2(width), NEVER=_NEVER)
     return DraftTree(tokens, parents, depths, (parents >= 0).sum(dim=1), logprob, max_depth=L, is_chain=False)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Device call of the session of 2026-12-07 (seventh), one call of ≤ 9.5 min on whatever card comes,
+# Device call of the session of 2026-12-07 (seventh; it replaces the sixth session's gpu_session_j.sh, which
+# never ran: no device could be started), one call of ≤ 9.5 min on whatever card comes,
 # each part cut by a deadline: issue 14's MLA key splits in whole waves (the default against explicit
 # counts; 17 was the old choice at batch 16, 32k); the deferred-context and adaptive-graph CUDA tests;
 # where a DDTree step's time goes against a DFlash chain's on the bundled pair at batch 1 (graphed,

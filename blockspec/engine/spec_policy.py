@@ -210,13 +210,12 @@ class SpecPolicy:
                                 all_greedy=lambda: False) -> tuple[dict, int | None]:
         """(the bucket's cost per width, None), or (its partial table, the next width it must
         time first): the full width
-        (its steps observe every draft position, so acceptance is known early; unless another
+        (its steps observe every draft position, so acceptance is known early; unless a smaller
         bucket timed it: acceptance is then known, and it goes in turn), then the others
         narrowest first, each only if it could win: costs grow with the width and the batch, so
         an untimed one costs at least its widest timed narrower one and its cost at a smaller
-        bucket (`floor_from_smaller`), and at about what a timed width plus the startup priors'
-        difference says (CUDA graphs, `estimate_from_prior`), else a timed width scaled as at
-        the nearest bucket that timed both (`estimate_from_neighbour`); if
+        bucket (`floor_from_smaller`), and with startup priors (CUDA graphs) at
+        least what a timed width plus the priors' difference says (`estimate_from_prior`); if
         at that cost its expected tokens lose to the best timed rate (by over PRIOR_MARGIN, for
         an estimate) it is skipped, the estimate standing in for its cost (a cost re-timing
         reaches it later). On a CPU at T = 1 a 16-wide step costs 8 plain ones at batch 16, and
@@ -228,8 +227,7 @@ class SpecPolicy:
         if None not in costs.values():            # a warm bucket: every step but the first few
             return costs, None
         floors = {w: self.cost.floor_from_smaller(B, w) for w, c in costs.items() if c is None}
-        if (costs[self.full_width] is None and floors[self.full_width] is None
-                and not self.cost.timed_elsewhere(B, self.full_width)):
+        if costs[self.full_width] is None and floors[self.full_width] is None:
             return costs, self.full_width
         timed = {w: c for w, c in costs.items() if c is not None}
         best_rate = max((totals[w] / c for w, c in timed.items()), default=None)
@@ -241,8 +239,6 @@ class SpecPolicy:
             if floors[w] is not None:
                 bound = max(bound or 0.0, floors[w])
             estimate = self.cost.estimate_from_prior(B, w, greedy, timed)
-            if estimate is None:
-                estimate = self.cost.estimate_from_neighbour(B, w, timed)
             if estimate is not None:
                 bound = max(bound or 0.0, estimate)
             margin = 1.0 - PRIOR_MARGIN if estimate is not None else 1.0

@@ -112,7 +112,8 @@ class StepCostModel:
         for b in self.buckets:               # (a cold bucket asks every step: kept tables, no sorting)
             if b >= bucket:
                 break
-            t = self._timed_at(b, width)
+            table = self._tables.get(b)
+            t = table.get(width) if table is not None else self.measured(b, width)
             if t is not None and (floor is None or t > floor):
                 floor = t
         return floor
@@ -145,34 +146,6 @@ class StepCostModel:
         if base_prior is None:
             return None
         return max(timed[base] + prior - base_prior, 1e-9)
-
-    def estimate_from_neighbour(self, batch_size: int, width: int, timed: dict[int, float]) -> float | None:
-        """An untimed width's cost at a cold bucket: a timed width's cost here (the nearest
-        below, else above) times the ratio of the two widths' costs at the nearest other bucket
-        that timed both. Only to decide whether the width is worth timing (the policy takes it
-        with PRIOR_MARGIN, and a re-timing replaces it), never as a measured cost: the ratio
-        moves with the batch. Without it, a batch shrinking through cold buckets (requests
-        finishing) timed the full width at each; on a CPU at T = 1, where a 16-wide step costs
-        5–8 plain ones, that was a third of a 16-prompt run."""
-        if not timed:
-            return None
-        bucket = self.bucket_for(batch_size)
-        below = [w for w in timed if w < width]
-        base = max(below) if below else min(timed)
-        for b in sorted((b for b in self.buckets if b != bucket), key=lambda b: (max(b, bucket) / min(b, bucket), -b)):
-            there, there_base = self._timed_at(b, width), self._timed_at(b, base)
-            if there is not None and there_base is not None:
-                return timed[base] * there / there_base
-        return None
-
-    def _timed_at(self, bucket: int, width: int) -> float | None:
-        table = self._tables.get(bucket)
-        return table.get(width) if table is not None else self.measured(bucket, width)
-
-    def timed_elsewhere(self, batch_size: int, width: int) -> bool:
-        """Whether another bucket than this batch's has timed `width`."""
-        bucket = self.bucket_for(batch_size)
-        return any(self._timed_at(b, width) is not None for b in self.buckets if b != bucket)
 
     def format_priors(self) -> str:
         """The priors as one line per bucket (ms), for the startup log."""

@@ -419,8 +419,7 @@ def test_a_cold_bucket_skips_the_full_width_when_a_smaller_bucket_says_it_loses(
     assert policy._costs_or_width_to_time(16, low)[1] == 1           # plain first, not the full width
     for _ in range(2):
         policy.cost.observe(16, 1, 1.5)
-    # (the skipped widths' stand-ins: plain's cost here scaled as at bucket 8, above their floors)
-    assert policy._costs_or_width_to_time(16, low) == ({1: 1.5, 2: 9.0, 4: 10.5, 8: 12.0}, None)
+    assert policy._costs_or_width_to_time(16, low) == ({1: 1.5, 2: 6.0, 4: 7.0, 8: 8.0}, None)
     high = {1: 16.0, 2: 32.0, 4: 64.0, 8: 128.0}                    # every draft accepted
     assert policy._costs_or_width_to_time(16, high)[1] == 8          # only it could win at its floor: timed
 
@@ -443,25 +442,3 @@ def test_a_width_skipped_while_cold_is_the_first_re_timed():
     assert policy.cost.table(1)[4] is not None                       # timed in the end
     assert set(chosen[:first_four]) <= {1, 2, 8}                     # not before the first re-timing …
     assert chosen[first_four:first_four + 2] == [4, 4]               # … which runs it, two steps
-
-
-def test_a_cold_smaller_bucket_times_plain_first_and_scales_the_rest_from_a_timed_neighbour():
-    """Requests finishing shrink the batch into cold buckets. The full width timed at bucket 16
-    says what it costs against plain there; bucket 8 times plain first and estimates the others
-    as plain's cost here × their ratio at 16. Widths that lose by more than the margin at that
-    estimate are not timed (their estimate stands in until a re-timing); one that could win is."""
-    policy = SpecPolicy("adaptive", 8, False, [1, 8, 16])
-    for w, cost in ((1, 1.0), (2, 3.0), (4, 4.0), (8, 6.0)):       # bucket 16, timed
-        for _ in range(2):
-            policy.cost.observe(16, w, cost)
-    low = {1: 8.0, 2: 8.5, 4: 9.0, 8: 9.5}                         # few accepted drafts
-    assert policy._costs_or_width_to_time(8, low)[1] == 1            # plain first, not the full width
-    for _ in range(2):
-        policy.cost.observe(8, 1, 0.5)
-    costs, to_time = policy._costs_or_width_to_time(8, low)
-    assert to_time is None and costs == {1: 0.5, 2: 1.5, 4: 2.0, 8: 3.0}
-    assert policy.cost.estimate_from_neighbour(8, 4, {1: 0.5}) == 2.0
-    high = {1: 8.0, 2: 16.0, 4: 32.0, 8: 64.0}                      # every draft accepted
-    # width 2 loses even so (16 / 1.5 against plain's 8 / 0.5), width 4 could win (32 / 2.0): timed
-    assert policy._costs_or_width_to_time(8, high)[1] == 4
-    assert SpecPolicy("adaptive", 8, False, [1, 8, 16])._costs_or_width_to_time(8, low)[1] == 8   # nothing timed: full

@@ -135,7 +135,7 @@ class DecoyTreeOracle(Proposer):
         self.max_nodes = 2 * depth
 
 
-    def propose(self, seqs, inputs):
+    def propose(self, seqs, inputs, width=None):
         (s,) = seqs
         right = self.cont[s.num_output:s.num_output + self.max_depth]
         tokens, parents, depths = [s.last_token], [ROOT_PARENT], [0]
@@ -204,7 +204,7 @@ class MixedBatchOracle(Proposer):
         pad = 2 * self.depth + 1 - len(tokens)
         return tokens + [0] * pad, parents + [PAD_PARENT] * pad, depths + [0] * pad, len(tokens) - 1
 
-    def propose(self, seqs, inputs):
+    def propose(self, seqs, inputs, width=None):
         rows = [self.row(s) for s in seqs]
         tensors = [torch.tensor([r[i] for r in rows]) for i in range(4)]
         depth = int(tensors[2].max())

@@ -58,7 +58,7 @@ class LawOracle(Proposer):
         nxt = [(self.marginal.get(prefix + (t,), 0.0), -t) for t in range(12)]
         return [-t for _, t in sorted(nxt, reverse=True)[:self.branching]]
 
-    def propose(self, seqs, inputs):
+    def propose(self, seqs, inputs, width=None):
         rows = []
         for s in seqs:
             tokens, parents = [s.tokens[-1]], [ROOT_PARENT]

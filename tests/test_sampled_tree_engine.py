@@ -75,7 +75,7 @@ def test_a_sampled_row_without_q_is_refused(qwen3_dir, drafter):
     from blockspec.models.registry import load_config
     proposer = build_proposer(config, load_config(qwen3_dir))
     plain_propose = proposer.propose
-    proposer.propose = lambda seqs, inputs: (plain_propose(seqs, inputs)[0], None)
+    proposer.propose = lambda seqs, inputs, width=None: (plain_propose(seqs, inputs, width)[0], None)
     llm = LLM.from_engine(Engine(config, proposer=proposer))
     prompt = prompts_for(512, [7], seed=4)[0]
     assert llm.generate(prompt, GREEDY)[0].token_ids == LLM(model=qwen3_dir).generate(prompt, GREEDY)[0].token_ids
@@ -120,8 +120,8 @@ def test_verifying_against_the_filtered_q_fails(tiny_vocab_dir, tiny_drafter, ti
     chain's drafts come from, is a different law and the exact-law test must see it."""
     drawn_by = DFlashProposer.sampled_tree
 
-    def tested_against_filtered_q(self, logits, inputs):
-        tree, _ = drawn_by(self, logits, inputs)
+    def tested_against_filtered_q(self, logits, inputs, budget):
+        tree, _ = drawn_by(self, logits, inputs, budget)
         return tree, filtered_probs(logits, inputs.sampling)
 
     monkeypatch.setattr(DFlashProposer, "sampled_tree", tested_against_filtered_q)

@@ -21,8 +21,8 @@ LONG = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
 class AdversaryProposer(OracleProposer):
     """Drafts the token after the target's: every draft is rejected."""
 
-    def propose(self, seqs, inputs):
-        tree, probs = super().propose(seqs, inputs)
+    def propose(self, seqs, inputs, width=None):
+        tree, probs = super().propose(seqs, inputs, width)
         tree.tokens[:, 1:] = (tree.tokens[:, 1:] + 1) % 512
         return tree, probs
 

@@ -23,7 +23,7 @@ class OracleProposer(Proposer):
         self.max_depth = self.max_nodes = num_draft
 
 
-    def propose(self, seqs, inputs):
+    def propose(self, seqs, inputs, width=None):
         roots = inputs.roots
         rows, counts = [], []
         for s in seqs:

@@ -124,7 +124,7 @@ class FixedTreeProposer(Proposer):
         self.max_depth = tree.max_depth
         self.block_size = 0
 
-    def propose(self, seqs, inputs):
+    def propose(self, seqs, inputs, width=None):
         t = self.tree
         tokens = torch.cat([inputs.roots[:, None], t.tokens[:, 1:]], dim=1)
         return DraftTree(tokens, t.parents, t.depths, t.num_nodes, t.logprob, t.max_depth, t.is_chain), None

@@ -54,7 +54,10 @@ class Proposer:
     def on_prefill(self, features, batch: AttentionBatch, positions) -> None:
         pass
 
-    def propose(self, seqs, inputs: StepInputs) -> tuple[DraftTree, torch.Tensor | None]:
+    def propose(self, seqs, inputs: StepInputs, width: int | None = None) -> tuple[DraftTree, torch.Tensor | None]:
+        """The step's tree (and q where drafts were sampled). `width`: the verify width the step
+        will keep (None: the full width); a proposer may draft less for it, and what it drafts
+        is the full tree cut to that width (`truncate_tree`), up to rounding."""
         raise NotImplementedError
 
     def on_verify(self, inputs: StepInputs, accept_len: torch.Tensor, path_features: torch.Tensor) -> None:
@@ -135,7 +138,7 @@ class NgramProposer(Proposer):
         self.max_depth = self.max_nodes = num_draft
         self.max_ngram = max_ngram
 
-    def propose(self, seqs, inputs: StepInputs):
+    def propose(self, seqs, inputs: StepInputs, width: int | None = None):
         drafts, counts = propose_ngram_batch([s.tokens for s in seqs], self.max_nodes, self.max_ngram)
         return chain_tree(drafts, inputs.roots, counts), None
 
@@ -222,36 +225,44 @@ class DFlashProposer(Proposer):
         self.drafter.write_context(features, positions, batch.slots, self.cache)
 
     @torch.inference_mode()
-    def propose(self, seqs, inputs: StepInputs):
+    def propose(self, seqs, inputs: StepInputs, width: int | None = None):
+        """One drafter pass over the whole block; the target's head only on the depths a step
+        at `width` can use (a chain of w nodes drafts w − 1, a tree of budget w − 1 reaches no
+        deeper): at narrow widths most of the drafter's head is skipped. The block is the same,
+        so the drafts are the full pass's up to the head's rounding (a product over fewer rows
+        may round its last bit differently); any drafts verify exactly, so that is no matter."""
         S, B = self.block_size, inputs.batch_size
+        depth = self.max_depth if width is None else max(1, min(self.max_depth, width - 1))
+        budget = None if self.tree_budget is None else (
+            self.tree_budget if width is None else max(1, min(self.tree_budget, width - 1)))
         block = torch.full((B, S), self.mask_token_id, dtype=torch.long, device=inputs.device)
         block[:, 0] = inputs.roots
         batch = inputs.attention_batch(S, torch.full((B,), S, device=inputs.device), "full")
         hidden = self.drafter(self.target.embed(block), inputs.positions(S), self.cache, batch)
-        logits = self.target.logits(hidden[:, 1:])                     # [B, L, V]
-        if self.sample_drafts and self.tree_budget is None and not inputs.all_greedy:
+        logits = self.target.logits(hidden[:, 1:1 + depth])              # [B, depth, V]
+        if self.sample_drafts and budget is None and not inputs.all_greedy:
             # (An all-greedy batch takes the argmax chain below: the same drafts as sampling from
             # its point-mass q, verified by the greedy walk without probabilities.)
             q = filtered_probs(logits, inputs.sampling)
             if inputs.race_keys is not None:
                 # A seeded row drafts the winner of its own race run on q (seeded_sampling.py).
-                pin_seeded_rows(q, inputs.race_keys, self._draft_positions(inputs))
-            drafts = sample_from_probs(q, inputs.uniforms[:, :self.max_depth])
+                pin_seeded_rows(q, inputs.race_keys, self._draft_positions(inputs)[:, :depth])
+            drafts = sample_from_probs(q, inputs.uniforms[:, :depth])
             return chain_tree(drafts, inputs.roots), q
-        if self.tree_budget is None:
+        if budget is None:
             drafts = logits.argmax(-1)
             for guide in (p for p in inputs.processors if hasattr(p, "guide_chain")):
                 drafts = guide.guide_chain(seqs, logits, drafts)  # e.g. a grammar's allowed tokens
             return chain_tree(drafts, inputs.roots), None
         if self.sample_drafts and not inputs.all_greedy:
-            return self.sampled_tree(logits, inputs)
-        return self.build_tree(torch.log_softmax(logits, -1), self.tree_budget, self.tree_topk, inputs.roots), None
+            return self.sampled_tree(logits, inputs, budget)
+        return self.build_tree(torch.log_softmax(logits, -1), budget, self.tree_topk, inputs.roots), None
 
     def _draft_positions(self, inputs: StepInputs) -> torch.Tensor:
         """`[B, L]` the absolute position of the token each depth drafts (the root sits at prefix_len)."""
         return inputs.positions(self.max_depth + 1)[:, 1:]
 
-    def sampled_tree(self, logits: torch.Tensor, inputs: StepInputs) -> tuple[DraftTree, torch.Tensor]:
+    def sampled_tree(self, logits: torch.Tensor, inputs: StepInputs, budget: int) -> tuple[DraftTree, torch.Tensor]:
         """DDTree with sampled children for unseeded sampled rows, drawn from q at the row's
         temperature without its truncation filters (`tempered_probs`: p keeps them, and the
         verifier needs only the law the children came from). Greedy rows keep today's top-k
@@ -262,9 +273,11 @@ class DFlashProposer(Proposer):
         scores = shape_scores(logits, q, ~walked)
         if inputs.race_keys is not None:
             raced = filtered_probs(logits, inputs.sampling)
-            scores = race_ranked_scores(scores, raced, inputs.race_keys, self._draft_positions(inputs))
-        tree = self.build_tree(scores, self.tree_budget, self.tree_topk, inputs.roots)
-        return fill_with_samples(tree, q, inputs.uniforms[:, :self.max_nodes], ~walked, self.sample_children), q
+            scores = race_ranked_scores(scores, raced, inputs.race_keys,
+                                        self._draft_positions(inputs)[:, :logits.shape[1]])
+        tree = self.build_tree(scores, budget, self.tree_topk, inputs.roots)
+        # Node i draws with uniform i − 1 whatever the budget: a smaller tree's draws are the full one's.
+        return fill_with_samples(tree, q, inputs.uniforms[:, :budget], ~walked, self.sample_children), q
 
     @torch.inference_mode()
     def on_verify(self, inputs: StepInputs, accept_len: torch.Tensor, path_features: torch.Tensor) -> None:

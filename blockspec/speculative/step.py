@@ -190,7 +190,7 @@ class SpeculativeStep:
         committed token is still an exact draw from the target whatever was chosen."""
         if self.proposer is None or (width == 1 and row_widths is None):
             return _roots_only(inputs), None
-        tree, draft_probs = self.proposer.propose(inputs.seqs, inputs)
+        tree, draft_probs = self.proposer.propose(inputs.seqs, inputs, width)
         tree = tree.to(inputs.device)
         if (width is not None and width < tree.width) or row_widths is not None:
             tree = truncate_tree(tree, min(width or tree.width, tree.width), row_widths)

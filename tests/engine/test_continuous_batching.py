@@ -162,7 +162,7 @@ class PartialOracle(Proposer):
         self.max_depth = self.max_nodes = num_draft
 
 
-    def propose(self, seqs, inputs):
+    def propose(self, seqs, inputs, width=None):
         roots = inputs.roots
         rows = []
         for s in seqs:

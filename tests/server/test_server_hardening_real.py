@@ -35,7 +35,7 @@ class GreedyOracle(Proposer):
         self.continuation = continuation
         self.max_depth = self.max_nodes = NUM_DRAFT
 
-    def propose(self, seqs, inputs):
+    def propose(self, seqs, inputs, width=None):
         rows, counts = [], []
         for s in seqs:
             nxt = self.continuation[s.num_output:s.num_output + NUM_DRAFT] if s.prompt_ids == PROMPT else []

@@ -14,24 +14,24 @@ DEADLINE=${DEADLINE:-565}                       # seconds of this script's own r
 left() { echo $(( DEADLINE - SECONDS )); }
 cap() { local want=$1 l; l=$(left); [ "$l" -lt "$want" ] && want=$l; echo $(( want > 0 ? want : 1 )); }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/device.txt"
-timeout $(cap ${MLA_S:-70}) python3 bench/mla_tune_gpu.py --output "$OUT/mla_splits.json" --iters 5 \
-    --splits 1,2,4,5,8,12,16,17,24,33,44,64 2>&1 | grep -v -i warn | tail -20
 timeout $(cap ${TEST_S:-80}) python3 -m pytest -q -p no:cacheprovider -rfE tests/engine/test_deferred_context.py \
     tests/attention/test_walk_kernel.py tests/attention/test_children_kernel.py "tests/test_ddtree.py::test_sampled_tree_verified_by_the_kernels_equals_the_reference" \
     "tests/engine/test_cuda_graphs.py::test_adaptive_width_graphs_equal_eager" > "$OUT/cuda_tests_log.txt" 2>&1
 tail -3 "$OUT/cuda_tests_log.txt"
 # (each: 40 whole steps of the bundled pair at batch B, static widths, cProfile; ddtree with the verify
 # kernels and with the reference ops, greedy and at T = 0.6 top_p 0.95)
-for CASE in "1 dflash 0" "1 ddtree 0" "1 ddtree 0 --reference-tree-ops" "1 none 0" "1 dflash 0.6" "1 ddtree 0.6" \
-            "1 ddtree 0.6 --reference-tree-ops" "16 dflash 0" "16 ddtree 0" "16 ddtree 0 --reference-tree-ops" \
-            "16 dflash 0.6" "16 ddtree 0.6" "16 ddtree 0.6 --reference-tree-ops"; do
+for CASE in "1 dflash 0" "1 ddtree 0" "1 ddtree 0 --reference-tree-ops" "16 dflash 0" "16 ddtree 0" \
+            "1 dflash 0.6" "1 ddtree 0.6" "1 ddtree 0.6 --reference-tree-ops" "16 dflash 0.6" "16 ddtree 0.6" \
+            "16 ddtree 0.6 --reference-tree-ops" "16 ddtree 0 --reference-tree-ops" "1 none 0"; do
   read -r B SPEC T EXTRA <<< "$CASE"
-  [ "$(left)" -lt 250 ] && break
+  [ "$(left)" -lt ${PROFILE_FLOOR:-250} ] && break
   timeout $(cap 30) python3 bench/host_overhead.py --device cuda --dtype bfloat16 --real-forward --batch $B \
       --steps 40 --spec $SPEC --spec-policy static --temperature $T --top-p 0.95 $EXTRA --profile 2>&1 \
       | grep -v -i warn | head -30
 done > "$OUT/tree_vs_chain_profile.txt"
 grep "host ms" "$OUT/tree_vs_chain_profile.txt"
+timeout $(cap ${MLA_S:-70}) python3 bench/mla_tune_gpu.py --output "$OUT/mla_splits.json" --iters 5 \
+    --splits 1,2,4,5,8,12,16,17,24,33,44,64 2>&1 | grep -v -i warn | tail -20
 if grep -q H200 "$OUT/device.txt"; then
   timeout $(cap ${SLICE_S:-120}) python3 -m blockspec.cli bench step --shape kimi-k2-slice --int4-experts --profile \
       --output "$OUT/step_kimi_slice_int4.json" 2>&1 | grep -v -i warn | tail -14

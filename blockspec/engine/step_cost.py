@@ -112,8 +112,7 @@ class StepCostModel:
         for b in self.buckets:               # (a cold bucket asks every step: kept tables, no sorting)
             if b >= bucket:
                 break
-            table = self._tables.get(b)
-            t = table.get(width) if table is not None else self.measured(b, width)
+            t = self._timed_at(b, width)
             if t is not None and (floor is None or t > floor):
                 floor = t
         return floor
@@ -146,6 +145,30 @@ class StepCostModel:
         if base_prior is None:
             return None
         return max(timed[base] + prior - base_prior, 1e-9)
+
+    def nearest_with(self, batch_size: int, widths: tuple[int, ...]) -> int | None:
+        """The bucket nearest this batch's (by ratio, the larger on a tie), other than its own,
+        that has timed every one of `widths`; None if none has."""
+        bucket = self.bucket_for(batch_size)
+        others = sorted((b for b in self.buckets if b != bucket), key=lambda b: (max(b, bucket) / min(b, bucket), -b))
+        return next((b for b in others if all(self._timed_at(b, w) is not None for w in widths)), None)
+
+    def estimate_from_neighbour(self, batch_size: int, width: int, timed: dict[int, float]) -> float | None:
+        """An untimed width's cost at a cold bucket: a timed width's cost here (the nearest
+        below, else above) times the two widths' cost ratio at the nearest bucket that timed
+        both. Only to decide whether the width is worth timing, never as a measurement (the
+        ratio moves with the batch; the policy takes it with PRIOR_MARGIN, and a re-timing
+        replaces it)."""
+        if not timed:
+            return None
+        below = [w for w in timed if w < width]
+        base = max(below) if below else min(timed)
+        b = self.nearest_with(batch_size, (width, base))
+        return None if b is None else timed[base] * self._timed_at(b, width) / self._timed_at(b, base)
+
+    def _timed_at(self, bucket: int, width: int) -> float | None:
+        table = self._tables.get(bucket)
+        return table.get(width) if table is not None else self.measured(bucket, width)
 
     def format_priors(self) -> str:
         """The priors as one line per bucket (ms), for the startup log."""

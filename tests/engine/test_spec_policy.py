@@ -419,7 +419,9 @@ def test_a_cold_bucket_skips_the_full_width_when_a_smaller_bucket_says_it_loses(
     assert policy._costs_or_width_to_time(16, low)[1] == 1           # plain first, not the full width
     for _ in range(2):
         policy.cost.observe(16, 1, 1.5)
-    assert policy._costs_or_width_to_time(16, low) == ({1: 1.5, 2: 6.0, 4: 7.0, 8: 8.0}, None)
+    # (the skipped widths' stand-ins: plain's cost here scaled as at bucket 8, where the full
+    # width lost, above their floors)
+    assert policy._costs_or_width_to_time(16, low) == ({1: 1.5, 2: 9.0, 4: 10.5, 8: 12.0}, None)
     high = {1: 16.0, 2: 32.0, 4: 64.0, 8: 128.0}                    # every draft accepted
     assert policy._costs_or_width_to_time(16, high)[1] == 8          # only it could win at its floor: timed
 
@@ -442,3 +444,31 @@ def test_a_width_skipped_while_cold_is_the_first_re_timed():
     assert policy.cost.table(1)[4] is not None                       # timed in the end
     assert set(chosen[:first_four]) <= {1, 2, 8}                     # not before the first re-timing …
     assert chosen[first_four:first_four + 2] == [4, 4]               # … which runs it, two steps
+
+
+def test_a_cold_bucket_times_plain_first_where_a_timed_neighbour_says_the_full_width_loses():
+    """Requests finishing shrink the batch into cold buckets. Where bucket 16 says the full width
+    loses to plain (few accepted drafts), bucket 8 times plain first, not the full width, and
+    estimates the other widths as plain's cost here × their ratio at 16: those that lose by over
+    the margin at that estimate are not timed (the estimate stands in until a re-timing); one
+    that could win is. Where the full width wins at 16, bucket 8 times it first, as before: its
+    steps are also a look at every row's acceptance."""
+    def warm_policy():
+        policy = SpecPolicy("adaptive", 8, False, [1, 8, 16])
+        for w, cost in ((1, 1.0), (2, 3.0), (4, 4.0), (8, 6.0)):       # bucket 16, timed
+            for _ in range(2):
+                policy.cost.observe(16, w, cost)
+        return policy
+
+    policy = warm_policy()
+    low = {1: 8.0, 2: 8.5, 4: 9.0, 8: 9.5}                          # few accepted drafts
+    assert policy._costs_or_width_to_time(8, low)[1] == 1             # plain first, not the full width
+    for _ in range(2):
+        policy.cost.observe(8, 1, 0.5)
+    assert policy._costs_or_width_to_time(8, low) == ({1: 0.5, 2: 1.5, 4: 2.0, 8: 3.0}, None)
+    assert policy.cost.estimate_from_neighbour(8, 4, {1: 0.5}) == 2.0
+    better = {1: 8.0, 2: 8.5, 4: 40.0, 8: 20.0}                     # chain 4 could win at its estimate (40 / 2)
+    assert policy._costs_or_width_to_time(8, better)[1] == 4
+    high = {1: 8.0, 2: 16.0, 4: 32.0, 8: 64.0}                      # every draft accepted: wins at 16
+    assert warm_policy()._costs_or_width_to_time(8, high)[1] == 8
+    assert SpecPolicy("adaptive", 8, False, [1, 8, 16])._costs_or_width_to_time(8, low)[1] == 8   # nothing timed

@@ -263,7 +263,7 @@ class SpecPolicy:
         b = self.cost.nearest_with(B, (1, self.full_width))
         if b is None:
             return False
-        cost_plain, cost_full = self.cost._timed_at(b, 1), self.cost._timed_at(b, self.full_width)
+        cost_plain, cost_full = self.cost.timed_at(b, 1), self.cost.timed_at(b, self.full_width)
         return totals[self.full_width] / cost_full < (1.0 - PRIOR_MARGIN) * totals[1] / cost_plain
 
     def observe(self, seqs, width: int, step, now: float | None = None) -> None:

@@ -112,7 +112,7 @@ class StepCostModel:
         for b in self.buckets:               # (a cold bucket asks every step: kept tables, no sorting)
             if b >= bucket:
                 break
-            t = self._timed_at(b, width)
+            t = self.timed_at(b, width)
             if t is not None and (floor is None or t > floor):
                 floor = t
         return floor
@@ -139,8 +139,7 @@ class StepCostModel:
         prior = self.priors.get((bucket, width, all_greedy))
         if prior is None or not timed:
             return None
-        below = [w for w in timed if w < width]
-        base = max(below) if below else min(timed)
+        base = _base_width(width, timed)
         base_prior = self.priors.get((bucket, base, all_greedy))
         if base_prior is None:
             return None
@@ -151,7 +150,7 @@ class StepCostModel:
         that has timed every one of `widths`; None if none has."""
         bucket = self.bucket_for(batch_size)
         others = sorted((b for b in self.buckets if b != bucket), key=lambda b: (max(b, bucket) / min(b, bucket), -b))
-        return next((b for b in others if all(self._timed_at(b, w) is not None for w in widths)), None)
+        return next((b for b in others if all(self.timed_at(b, w) is not None for w in widths)), None)
 
     def estimate_from_neighbour(self, batch_size: int, width: int, timed: dict[int, float]) -> float | None:
         """An untimed width's cost at a cold bucket: a timed width's cost here (the nearest
@@ -161,12 +160,12 @@ class StepCostModel:
         replaces it)."""
         if not timed:
             return None
-        below = [w for w in timed if w < width]
-        base = max(below) if below else min(timed)
+        base = _base_width(width, timed)
         b = self.nearest_with(batch_size, (width, base))
-        return None if b is None else timed[base] * self._timed_at(b, width) / self._timed_at(b, base)
+        return None if b is None else timed[base] * self.timed_at(b, width) / self.timed_at(b, base)
 
-    def _timed_at(self, bucket: int, width: int) -> float | None:
+    def timed_at(self, bucket: int, width: int) -> float | None:
+        """Seconds per step at `bucket` (a bucket size) and `width`, or None until timed."""
         table = self._tables.get(bucket)
         return table.get(width) if table is not None else self.measured(bucket, width)
 
@@ -196,6 +195,13 @@ class StepCostModel:
         drafter = self.drafter_seconds(batch_size)
         extra = f"; drafter ≈ {drafter * 1e3:.2f} ms" if drafter is not None else ""
         return f"step cost at batch bucket {self.bucket_for(batch_size)}: {cells}{extra}"
+
+
+def _base_width(width: int, timed: dict[int, float]) -> int:
+    """The timed width an untimed `width`'s estimate starts from: the nearest below, else the
+    narrowest above."""
+    below = [w for w in timed if w < width]
+    return max(below) if below else min(timed)
 
 
 def best_width(committed: dict[int, float], costs: dict[int, float]) -> int:

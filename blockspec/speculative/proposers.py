@@ -197,7 +197,7 @@ class DFlashProposer(Proposer):
         """On CUDA the tree is built by a kernel, so draft → tree → verify is one CUDA graph (on
         the CPU the host heap is the faster; both give the same tree, tested), and a sampled
         tree's children are drawn by one kernel a step (`children_kernel.py`) instead of ~25
-        batch-wide ops a draw. Each is checked against its reference once here; one that cannot
+        batch-wide ops a draw (checked only when this proposer samples drafts). Each is checked against its reference once here; one that cannot
         run or differs is not used (trees built on the host, or the reference draws), and the
         log says so."""
         from blockspec.speculative.children_kernel import sample_children_triton
@@ -210,6 +210,8 @@ class DFlashProposer(Proposer):
         else:
             log.warning("DDTree's tree kernel is unusable (%s): trees are built on the host, outside the CUDA graph", error)
             self.drafts_on_device = False
+        if not self.sample_drafts:
+            return
         q = torch.softmax(torch.arange(2 * 3 * 7, dtype=torch.float32).reshape(2, 3, 7).cos() * 3, -1)
         q[:, :, 5:] = 0.0                                        # a support smaller than the children
         shape = build_tree(torch.log_softmax(torch.arange(2 * 3 * 7, dtype=torch.float32).reshape(2, 3, 7).sin(), -1), 9)

@@ -107,16 +107,17 @@ class SpeculativeStep:
         # Tree verification: the reference's batch-wide tensor ops, or on CUDA one kernel a step
         # each (`use_verify_kernels`).
         self.greedy_walk, self.sampled_tree_verify = verify_tree_greedy, verify_sampled_tree
-        if device is not None and torch.device(device).type == "cuda":
-            self.use_verify_kernels(torch.device(device))
         self.rejection = spec_verify == "rejection"
         # Rejection sampling of trees whose children were sampled from q (ddtree), not chains.
         self.sampled_trees = self.rejection and bool(proposer and proposer.builds_trees)
         self.max_depth = proposer.max_depth if proposer else 0
+        if device is not None and torch.device(device).type == "cuda":
+            self.use_verify_kernels(torch.device(device), sampled_trees=self.sampled_trees)
 
-    def use_verify_kernels(self, device: torch.device) -> None:
+    def use_verify_kernels(self, device: torch.device, sampled_trees: bool = True) -> None:
         """Verify trees with one kernel a step each (`walk_kernel.py`) instead of ~12 small ops a
-        depth (greedy walk) or ~25 a node (sampled trees), each checked here against its
+        depth (greedy walk) or ~25 a node (sampled trees; checked only when `sampled_trees`: a
+        step that never verifies one does not compile it), each checked here against its
         reference on a probe tree; one that cannot run or differs is not used, and the log says so."""
         from blockspec.speculative import walk_kernel
         probe = build_tree(torch.log_softmax(torch.arange(2 * 4 * 6, dtype=torch.float32).reshape(2, 4, 6).sin() * 3, -1),
@@ -129,7 +130,7 @@ class SpeculativeStep:
                    (targets, probe.tokens, probe.parents, 4)),
                   ("sampled_tree_verify", verify_sampled_tree, walk_kernel.verify_sampled_tree_triton,
                    (p, q, probe.tokens, probe.parents, uniforms[:, :9], uniforms[:, 9], 4)))
-        for name, reference, kernel, args in checks:
+        for name, reference, kernel, args in checks[:2 if sampled_trees else 1]:
             error = kernel_mismatch(kernel, reference, args, device, lambda r: (r.accept_len, r.path, r.committed))
             if not error:
                 setattr(self, name, kernel)

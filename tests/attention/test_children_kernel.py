@@ -62,6 +62,10 @@ def test_proposer_checks_the_children_kernel_and_says_when_it_cannot_use_it(monk
 
     proposer = DFlashProposer.__new__(DFlashProposer)
     proposer.drafts_on_device, proposer.build_tree, proposer.sample_children = True, build_tree, sample_children
+    proposer.sample_drafts = False                       # target-only trees draw nothing: not checked
+    proposer._use_tree_kernel(torch.device(DEVICE))
+    assert proposer.sample_children is sample_children and proposer.build_tree is build_tree_triton
+    proposer.sample_drafts = True
     proposer._use_tree_kernel(torch.device(DEVICE))
     assert proposer.sample_children is sample_children_triton and proposer.build_tree is build_tree_triton
 

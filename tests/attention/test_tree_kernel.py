@@ -68,6 +68,7 @@ def test_proposer_checks_the_kernel_and_says_when_it_cannot_use_it(monkeypatch, 
     from blockspec.speculative.proposers import DFlashProposer
 
     proposer = DFlashProposer.__new__(DFlashProposer)
+    proposer.sample_drafts = False                      # (target-only: no children kernel to check)
     proposer.drafts_on_device, proposer.build_tree = True, build_tree
     proposer._use_tree_kernel(torch.device(DEVICE))
     assert proposer.build_tree is build_tree_triton and proposer.drafts_on_device

@@ -84,6 +84,8 @@ def test_step_checks_the_kernels_and_says_when_it_cannot_use_one(monkeypatch, ca
 
     step = SpeculativeStep(None)
     assert (step.greedy_walk, step.sampled_tree_verify) == (verify_tree_greedy, verify_sampled_tree)  # no device given
+    step.use_verify_kernels(torch.device(DEVICE), sampled_trees=False)     # a step without sampled trees
+    assert step.greedy_walk is walk_kernel.verify_tree_greedy_triton and step.sampled_tree_verify is verify_sampled_tree
     step.use_verify_kernels(torch.device(DEVICE))
     assert step.greedy_walk is walk_kernel.verify_tree_greedy_triton
     assert step.sampled_tree_verify is walk_kernel.verify_sampled_tree_triton

@@ -18,7 +18,9 @@ winner of the same race (`race_scores`: the draft is argmax q_n / E_n with the s
 `race_key(seed)` is the per-request key (0 is reserved for "not seeded": such rows keep the
 uniform-driven samplers). The hash is 32-bit murmur3 finalisation done in int64 with masks, so
 that torch (CPU, CUDA) and the Triton kernel (CUDA; its interpreter on CPU in tests) compute the
-same bits; the uniform keeps 24 bits, as float32 holds.
+same bits; the uniform keeps 24 bits, as float32 holds. The top one is capped at U_MAX: its
+midpoint (2^24 − 0.5) / 2^24 rounds to 1.0 in float32, which made E = 0, a score of +inf and,
+through a log-softmax, a NaN tree that read tokens from outside its row (a crashed GPU server).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import triton.language as tl
 MASK32 = 0xFFFFFFFF
 MIX_A, MIX_B = 0x85EBCA6B, 0xC2B2AE35     # murmur3's fmix32 multipliers
 _CHUNK_ELEMENTS = 1 << 22                 # [rows, V] int64 temporaries per torch chunk
+U_MAX = 1.0 - 2.0 ** -24                  # the largest float32 below 1: u stays in (0, 1), so E > 0
 
 
 @functools.lru_cache(maxsize=1 << 16)     # a per-request constant, read every step of every row
@@ -75,7 +78,7 @@ def race_noise(keys: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> 
     s, t = _position_states(keys, positions)
     v = torch.arange(vocab_size, device=keys.device, dtype=torch.long)
     h = _fmix32(_fmix32(v ^ s[..., None]) ^ t[..., None])
-    u = ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    u = (((h >> 8).float() + 0.5) * (1.0 / (1 << 24))).clamp(max=U_MAX)
     return -torch.log(u)
 
 
@@ -90,7 +93,7 @@ def _fmix32_tl(h):
 
 @triton.jit
 def _race_kernel(probs_ptr, out_ptr, keys_ptr, pos_ptr, N, V, s_pb, s_pn, s_ob, s_on,
-                 SCORES: tl.constexpr, BLOCK_V: tl.constexpr):
+                 SCORES: tl.constexpr, BLOCK_V: tl.constexpr, U_MAX: tl.constexpr):
     """One (row, position) per program; rows with key 0 are left alone. SCORES = False: pin the
     row of probs to the one-hot of argmax p / E (in place); True: write log p − log E."""
     pid = tl.program_id(0)
@@ -110,7 +113,7 @@ def _race_kernel(probs_ptr, out_ptr, keys_ptr, pos_ptr, N, V, s_pb, s_pn, s_ob, 
             ok = v < V
             p = tl.load(row + v, mask=ok, other=0.0).to(tl.float32)
             h = _fmix32_tl(_fmix32_tl(v.to(tl.int64) ^ s) ^ t)
-            e = -tl.log(((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0))
+            e = -tl.log(tl.minimum(((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0), U_MAX))
             if SCORES:
                 tl.store(out + v, tl.log(p) - tl.log(e), mask=ok)
             else:
@@ -131,7 +134,7 @@ def _launch(probs: torch.Tensor, out: torch.Tensor, keys: torch.Tensor, position
     pos = positions.contiguous()
     on_cuda = probs.device.type == "cuda"
     _race_kernel[(B * N,)](probs, out, keys.contiguous(), pos, N, V, probs.stride(0), probs.stride(1),
-                           out.stride(0), out.stride(1), SCORES=scores,
+                           out.stride(0), out.stride(1), SCORES=scores, U_MAX=U_MAX,
                            BLOCK_V=min(4096 if on_cuda else 64, triton.next_power_of_2(V)),
                            num_warps=8 if on_cuda else 1)
 

@@ -7,7 +7,7 @@ import torch
 from scipy import stats
 
 import blockspec.seeded_sampling as race
-from blockspec.seeded_sampling import pin_seeded_rows, race_key, race_scores, race_winners
+from blockspec.seeded_sampling import pin_seeded_rows, race_key, race_noise, race_scores, race_winners
 from test_lossless import ALPHA, exact_law_llm, law_fit
 from test_lossless import drafter, laws  # noqa: F401  (fixtures)
 
@@ -43,6 +43,22 @@ def test_kernel_equals_the_torch_reference(dtype, V):
     assert torch.allclose(s_ker[finite], s_ref[finite], atol=1e-4)
     # The scores rank a seeded row's tokens in race order: the first is the winner.
     assert torch.equal(s_ref[[0, 2, 3]].argmax(-1), race_winners(probs, keys, positions)[[0, 2, 3]])
+
+
+def test_the_top_hash_value_gives_finite_noise():
+    """Seed 2's hash at position 323, token 414 is the top 24-bit value, whose midpoint rounds to
+    1.0 in float32: capped below 1, its noise is positive and its score finite (E = 0 gave +inf,
+    and a NaN depth after the log-softmax)."""
+    keys, positions = torch.tensor([race_key(2)]), torch.tensor([[323]])
+    s, t = race._position_states(keys, positions)
+    h = race._fmix32(race._fmix32(torch.tensor(414) ^ s) ^ t)
+    assert int(h >> 8) == (1 << 24) - 1                           # the case this test is about
+    V = 1000
+    assert race_noise(keys, positions, V)[0, 0, 414] > 0
+    probs = torch.softmax(torch.randn(1, 1, V, generator=torch.Generator().manual_seed(0)), -1)   # full support
+    for kernel in (False, True):
+        scores = race_scores(probs, keys, positions, kernel=kernel)
+        assert torch.isfinite(scores).all() and torch.isfinite(torch.log_softmax(scores, -1)).all(), kernel
 
 
 def test_keys_are_nonzero_and_distinct():

@@ -61,6 +61,18 @@ class DraftTree:
                          move(self.logprob), self.max_depth, self.is_chain)
 
 
+def top_scores(draft_logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each depth's k best log-probabilities and tokens `[B, L, k]`, float32, descending. A NaN
+    or +inf score (a drafter's overflow; an infinite score made NaN by a log-softmax) ranks last,
+    as −inf: no sum of scores is then NaN, so every search pops a real candidate and reads no
+    token from outside the top-k (the tree kernel read one from outside its row on a NaN depth).
+    Fixed after the top-k (torch's puts NaN first), so the pass over the vocabulary stays one."""
+    vals, idx = torch.topk(draft_logprobs.float(), k, dim=-1)
+    vals = torch.where(vals.isnan() | (vals == float("inf")), float("-inf"), vals)
+    vals, order = vals.sort(dim=-1, descending=True, stable=True)     # (a no-op unless one was fixed)
+    return vals, idx.gather(-1, order)
+
+
 def build_tree(draft_logprobs: torch.Tensor, budget: int, topk: int | None = None,
                root_tokens: torch.Tensor | None = None) -> DraftTree:
     """The `budget` highest-probability prefixes under the factorised draft distribution.
@@ -79,7 +91,7 @@ def build_tree(draft_logprobs: torch.Tensor, budget: int, topk: int | None = Non
         rows = [_RowTree() for _ in range(B)]
         top_tokens = torch.zeros(B, L * max(k, 0), dtype=torch.int64, device=device)
     else:
-        top_vals, top_idx = torch.topk(draft_logprobs.float(), k, dim=-1)      # [B, L, K]
+        top_vals, top_idx = top_scores(draft_logprobs, k)                         # [B, L, K]
         host_vals = top_vals.cpu().tolist()                                      # the one D2H copy
         rows = [_best_first_row(row_vals, budget) for row_vals in host_vals]
         top_tokens = top_idx.reshape(B, L * k)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from blockspec.speculative.tree import PAD_PARENT, ROOT_PARENT, DraftTree
+from blockspec.speculative.tree import PAD_PARENT, ROOT_PARENT, DraftTree, top_scores
 
 _NEVER = 2 ** 30
 
@@ -52,6 +52,7 @@ def _best_first_kernel(vals_ptr, idx_ptr, root_ptr, parent_ptr, depth_ptr, rank_
         tied = valid & (s == best)
         earliest = tl.min(tl.where(tied, counter, NEVER), axis=0)
         sel = tied & (counter == earliest)
+        has = has & (earliest < NEVER)     # (a popped candidate exists: `top_scores` keeps NaN out)
         s_score = tl.sum(tl.where(sel, score, 0.0), axis=0)
         s_depth = tl.sum(tl.where(sel, depth, 0), axis=0)
         s_rank = tl.sum(tl.where(sel, rank, 0), axis=0)
@@ -108,7 +109,7 @@ def build_tree_triton(draft_logprobs: torch.Tensor, budget: int, topk: int | Non
     # Every output is written by the kernel (root, nodes, padding): no fills before it.
     parents, depths, ranks, tokens = (torch.empty(B, width, dtype=torch.int64, device=device) for _ in range(4))
     logprob = torch.empty(B, width, dtype=torch.float32, device=device)
-    top_vals, top_idx = torch.topk(draft_logprobs.float(), k, dim=-1)          # [B, L, K]
+    top_vals, top_idx = top_scores(draft_logprobs, k)                           # [B, L, K]
     roots = root_tokens.to(device) if root_tokens is not None else top_idx      # (unread without roots)
     _best_first_kernel[(B,)](top_vals.contiguous(), top_idx.contiguous(), roots, parents, depths, ranks, logprob,
                              tokens, budget, L, k, HAS_ROOT=root_tokens is not None,

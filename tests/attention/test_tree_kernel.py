@@ -82,3 +82,23 @@ def test_proposer_checks_the_kernel_and_says_when_it_cannot_use_it(monkeypatch, 
         proposer._use_tree_kernel(torch.device(DEVICE))
     assert proposer.build_tree is build_tree and not proposer.drafts_on_device
     assert "built on the host" in caplog.text
+
+
+def test_nan_and_infinite_scores_rank_last():
+    """A NaN depth (the log-softmax of an infinite race score once made one) or a +inf score
+    ranks as −inf in both searches: the trees are equal, every token is one of the vocabulary's
+    and no log-probability is NaN. (The kernel used to pop nothing on a NaN depth and read the
+    node's token from outside its row: a crashed GPU server.)"""
+    V = 9
+    logprobs = torch.log_softmax(torch.randn(3, 4, V, generator=torch.Generator().manual_seed(4)), -1)
+    logprobs[0, 0] = float("nan")                 # the whole first depth
+    logprobs[1, 2, 3] = float("inf")
+    logprobs[2, 1, :4] = float("nan")
+    for budget in (5, 12):
+        want = build_tree(logprobs, budget)
+        got = build_tree_triton(logprobs.to(DEVICE), budget)
+        for field in FIELDS:
+            assert torch.equal(getattr(got, field).cpu(), getattr(want, field)), (field, budget)
+        assert want.num_nodes.tolist() == [budget] * 3
+        assert ((want.tokens >= 0) & (want.tokens < V)).all() and not want.logprob.isnan().any()
+        assert want.logprob[1].isfinite().all() and want.logprob[0, 1:].eq(float("-inf")).all()

@@ -18,6 +18,7 @@ from test_lossless import ALPHA, exact_law_llm, exact_laws, law_fit, over_accept
 from test_spec_greedy import prompts_for
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"    # the kernels' tests: interpreted on a CPU
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +59,8 @@ def test_greedy_tree_walked_by_the_kernel_equals_plain(qwen3_dir, drafter):
     """The engine with the greedy walk kernel (CUDA's, here under Triton's interpreter)."""
     from blockspec.speculative.walk_kernel import verify_tree_greedy_triton
     prompts = prompts_for(512, [5, 18, 9, 27], seed=8)
-    expected = [o.token_ids for o in LLM(model=qwen3_dir).generate(prompts, GREEDY)]
-    tree = LLM(model=qwen3_dir, spec="ddtree", draft_model=drafter, budget=16, spec_policy="static")
+    expected = [o.token_ids for o in LLM(model=qwen3_dir, device=DEVICE).generate(prompts, GREEDY)]
+    tree = LLM(model=qwen3_dir, spec="ddtree", draft_model=drafter, budget=16, spec_policy="static", device=DEVICE)
     tree.engine.spec_step.use_verify_kernels(tree.engine.device)
     assert tree.engine.spec_step.greedy_walk is verify_tree_greedy_triton
     outs = tree.generate(prompts, GREEDY)
@@ -82,7 +83,7 @@ def test_sampled_tree_verified_by_the_kernels_equals_the_reference(qwen3_dir, dr
     outs = []
     for kernels in (False, True):
         llm = LLM(model=qwen3_dir, spec="ddtree", draft_model=drafter, budget=8, spec_verify="rejection",
-                  spec_policy="static", seed=123, cuda_graph=False)
+                  spec_policy="static", seed=123, cuda_graph=False, device=DEVICE)
         step, proposer = llm.engine.spec_step, llm.engine.proposer
         # (A CUDA engine adopts the kernels itself: the reference arm puts the reference ops back.)
         step.greedy_walk, step.sampled_tree_verify = verify_tree_greedy, verify_sampled_tree

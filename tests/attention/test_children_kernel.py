@@ -49,7 +49,8 @@ def test_kernel_draws_strided_uniforms_and_hand_worked_case():
     parents, depths = torch.tensor([[-1, 0, 0]]), torch.tensor([[0, 1, 1]])
     wide = torch.tensor([[0.1, 0.6, 0.9, 0.2]], dtype=torch.float64)
     tokens, drawn = assert_draws_equal(parents, depths, q, wide[:, 1:3])
-    got = sample_children_triton(parents, depths, q, wide[:, 1:3])
+    wide = wide.to(DEVICE)
+    got = sample_children_triton(parents.to(DEVICE), depths.to(DEVICE), q.to(DEVICE), wide[:, 1:3])
     assert tokens.tolist() == [[0, 1, 2]] and got[0].tolist() == [[0, 1, 2]] and drawn.all()
 
 

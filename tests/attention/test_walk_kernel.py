@@ -163,5 +163,7 @@ def test_sampled_tree_kernel_reads_strided_uniforms():
     p, q, tree, accept, bonus = sampled_tree_case(3, 16, 9, [-1, 0, 0, 1, 1], [0, 1, 1, 2, 2], 5)
     wide = torch.cat([torch.rand(16, 4, dtype=torch.float64), accept, bonus[:, None]], dim=1)
     want = verify_sampled_tree(p, q, tree.tokens, tree.parents, accept, bonus, 2)
-    got = verify_sampled_tree_triton(p, q, tree.tokens, tree.parents, wide[:, 4:8], wide[:, 8], 2)
-    assert torch.equal(got.committed, want.committed) and torch.equal(got.path, want.path)
+    wide = wide.to(DEVICE)
+    got = verify_sampled_tree_triton(p.to(DEVICE), q.to(DEVICE), tree.tokens.to(DEVICE), tree.parents.to(DEVICE),
+                                     wide[:, 4:8], wide[:, 8], 2)
+    assert torch.equal(got.committed.cpu(), want.committed) and torch.equal(got.path.cpu(), want.path)

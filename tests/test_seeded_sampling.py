@@ -57,7 +57,8 @@ def test_the_top_hash_value_gives_finite_noise():
     assert race_noise(keys, positions, V)[0, 0, 414] > 0
     probs = torch.softmax(torch.randn(1, 1, V, generator=torch.Generator().manual_seed(0)), -1)   # full support
     for kernel in (False, True):
-        scores = race_scores(probs, keys, positions, kernel=kernel)
+        device = DEVICE if kernel else "cpu"
+        scores = race_scores(probs.to(device), keys.to(device), positions.to(device), kernel=kernel)
         assert torch.isfinite(scores).all() and torch.isfinite(torch.log_softmax(scores, -1)).all(), kernel
 
 

@@ -5,9 +5,9 @@ The reference walks depth by depth in batch-wide tensor ops: about a dozen small
 depth, so a 16-node tree walked to depth 15 (on CUDA the tree's depth bound is the block's:
 its real depth is not known on the host without a sync) costs some 180 launches a step, where
 a chain's walk (a run of leading matches) costs five. Inside a CUDA graph each launch still
-costs a few microseconds of GPU time: the likely reason a DDTree-16 step was the slower one on
-the bundled pair (4,340 against DFlash's 7,290 tok/s at batch 1; this kernel is not yet timed
-on a GPU). Here a row's walk is one loop over its nodes held in registers: same
+costs a few microseconds of GPU time (a DDTree-16 step of the bundled pair was the slower one:
+4,340 against DFlash's 7,290 tok/s at batch 1; with these kernels it still costs 1.26–1.38× a
+chain's on an H100, bench/results/gpu_session_l/). Here a row's walk is one loop over its nodes held in registers: same
 arithmetic (first matching child in index order, the target's token after each walked
 node), so the result equals the reference's exactly (tested). The sampled rule's reference is
 worse: N + 1 passes of ~25 ops, several over `[B, V]`; its kernel does the same float32

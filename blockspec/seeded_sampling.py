@@ -11,8 +11,9 @@ Why seeded rows sample this way (docs/verification.md "Seeded requests"): the to
 on (seed, n, p_n) only — not on how many tokens a step verifies, which drafts it was offered, or
 which rows share the batch. A seeded row is therefore a *greedy row on perturbed probabilities*:
 every verifier, given its p pinned to the one-hot of that winner (`pin_seeded_rows`), commits
-exactly the tokens plain decoding would, so a seed repeats its stream alone or batched, at any
-verify width, under any speculative method, and drafts pay off when they are the drafter's own
+exactly the tokens plain decoding would, so a seed repeats its stream alone or batched (given the
+same p: in bf16 only with `--batch-invariant`, docs/verification.md), at any verify width, under
+any speculative method, and drafts pay off when they are the drafter's own
 winner of the same race (`race_scores`: the draft is argmax q_n / E_n with the same noise).
 
 `race_key(seed)` is the per-request key (0 is reserved for "not seeded": such rows keep the

@@ -37,6 +37,13 @@ class EngineDeadError(EngineError):
     """The engine thread is not running (shut down or never started)."""
 
 
+def device_unusable(error: BaseException) -> bool:
+    """Whether a step's error left the accelerator unusable for this process: a CUDA error
+    (device-side assert, illegal address…) poisons the context, so every later step would fail
+    too. Out-of-memory is not one (torch raises it as its own type, "CUDA out of memory")."""
+    return type(error).__name__ == "AcceleratorError" or str(error).startswith("CUDA error")
+
+
 class EngineObserver(Protocol):
     """Hooks called on the engine thread (metrics, periodic logging). Must be quick."""
 
@@ -208,7 +215,8 @@ class AsyncEngine:
                 if not self._apply_commands(self._first_command_wait()):
                     break
                 if self._busy():
-                    self._step_once()
+                    if not self._step_once():
+                        break
                 elif was_busy:
                     self._empty_steps = 0
                     self._notify("on_idle", self._read_stats(), time.monotonic())
@@ -283,14 +291,19 @@ class AsyncEngine:
         except Exception:
             logger.exception("abort_request(%r) failed", request_id)
 
-    def _step_once(self) -> None:
+    def _step_once(self) -> bool:
+        """One engine step and its delivery; False when the engine cannot go on."""
         started = time.monotonic()
         try:
             outputs = self.engine.step()
         except Exception as e:
             logger.exception("engine step failed; failing %d request(s)", len(self._requests))
             self._fail_all(EngineError(f"the engine failed: {type(e).__name__}"))
-            return
+            if device_unusable(e):
+                logger.error("the device is unusable after that error (a CUDA error is sticky): the engine stops, "
+                             "/health answers 503 and new requests are refused; restart the server")
+                return False
+            return True
         now = time.monotonic()
         self._empty_steps = 0 if outputs else self._empty_steps + 1
         # Observers (metrics) first, so a client that scrapes /metrics right after its last
@@ -298,6 +311,7 @@ class AsyncEngine:
         self._notify("on_outputs", outputs, now)
         self._notify("on_step_done", self._read_stats(), now - started, now)
         self._deliver(outputs)
+        return True
 
     def _deliver(self, outputs: Sequence[StepOutput]) -> None:
         """Route outputs to their requests' queues, one loop wake-up per event loop."""

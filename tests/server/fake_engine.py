@@ -141,8 +141,8 @@ class FakeEngine:
             time.sleep(self.step_delay)
         self.num_steps += 1
         if self.fail_next_step:
-            self.fail_next_step = False
-            raise RuntimeError("injected step failure")
+            error, self.fail_next_step = self.fail_next_step, False
+            raise error if isinstance(error, BaseException) else RuntimeError("injected step failure")
         return [self._advance(r) for r in self._running()]
 
     # ---- generation ---------------------------------------------------------------------------

@@ -104,6 +104,33 @@ def test_step_failure_fails_the_requests_and_the_engine_keeps_serving(async_engi
     assert "doomed" in engine.aborted
 
 
+def test_a_cuda_error_stops_the_engine(engine):
+    """A CUDA error poisons the device (every later step would fail): the requests fail, the
+    engine stops and refuses new ones, rather than retrying on a dead context. An ordinary step
+    error (above) and out-of-memory keep it serving."""
+    import torch
+    from blockspec.server.async_engine import device_unusable
+    assert device_unusable(torch.AcceleratorError("CUDA error: device-side assert triggered"))
+    assert device_unusable(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not device_unusable(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not device_unusable(RuntimeError("injected step failure"))
+    ae = AsyncEngine(engine)
+
+    async def go():
+        engine.fail_next_step = torch.AcceleratorError("CUDA error: device-side assert triggered")
+        with pytest.raises(EngineError):
+            await collect(ae, "doomed", [5], SamplingParams(max_tokens=50))
+        while ae.is_running:
+            await asyncio.sleep(0.005)
+        with pytest.raises(EngineDeadError):
+            await ae.add_request("late", [5], SamplingParams())
+    try:
+        run(go())
+    finally:
+        ae.shutdown()
+    assert "doomed" in engine.aborted and not ae.is_running
+
+
 def test_shutdown_fails_requests_in_flight_and_refuses_new_ones(engine):
     engine.step_delay = 0.01
     ae = AsyncEngine(engine)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -234,6 +236,24 @@ def test_engine_step_failure_is_a_500_and_the_server_recovers(fragile):
     assert "injected" not in r.text  # internals stay in the server log
     assert s.wait_until_idle()
     _assert_still_serves(c, "fake-model")
+
+
+def test_a_cuda_error_is_a_500_then_health_and_new_requests_are_503(fragile):
+    """After a CUDA error the device is unusable: the failing request gets a 500, then /health
+    says 503 (a supervisor restarts the server) and new requests are refused with a 503."""
+    import torch
+    s, engine, c = fragile
+    s.in_engine_thread(lambda e: setattr(e.inner, "fail_next_step",
+                                         torch.AcceleratorError("CUDA error: device-side assert triggered")))
+    r = c.post(COMPLETIONS, json=_completion("fake-model"))
+    assert _assert_openai_error(r, 500)["type"] == "server_error"
+    assert "device-side" not in r.text
+    for _ in range(200):
+        if c.get("/health").status_code == 503:
+            break
+        time.sleep(0.01)
+    assert _assert_openai_error(c.get("/health"), 503)["type"] == "server_error"
+    assert _assert_openai_error(c.post(COMPLETIONS, json=_completion("fake-model")), 503)["type"] == "server_error"
 
 
 def test_engine_step_failure_mid_stream_is_an_error_event(fragile):

@@ -16,6 +16,13 @@ A width a row's step did not reach is not observed, so a row parked at plain aft
 stretch would keep its low figure until a probe: instead each unobserved width relaxes by
 `relax` a step towards its class's batch-wide figure (which the other rows, and the row's own
 long past, keep up to date), and the row returns to speculating on its own when that is better.
+
+Plain stretches: a plain step (width 1) observes only width 1, which accepts nothing (its figure
+is 0 once observed), and relaxes every wider figure towards its class's, which no plain step
+moves. So k plain steps of one batch in a row take each figure o to b + (1 − relax)^k (o − b):
+the model keeps the stretch (`_Stretch`) and writes that once, when the batch changes or anything
+else reads or writes the figures, and the batch's totals meanwhile come from two sums (a few
+float operations a step instead of array passes over [B, W]: issue 15's plain-step host time).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import Counter
+from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
@@ -50,6 +58,25 @@ def temperature_class(params) -> str:
         return "greedy"
     t = params.temperature
     return "t<=0.5" if t <= 0.5 else "t<=1" if t <= 1.0 else "t>1"
+
+
+@dataclass
+class _Stretch:
+    """Plain steps of one batch in a row, after the first: `steps` of them since `old` was written."""
+
+    ids: list[str]
+    idx: np.ndarray          # [B] the rows' table rows
+    old: np.ndarray          # [B, W] their figures when the stretch began
+    base: np.ndarray         # [B, W] what each figure relaxes towards (its class's; itself if either is missing)
+    base_sum: list[float]    # [W] B + Σ over rows of the figure a total reads at f = 0
+    diff_sum: list[float]    # [W] Σ over rows of (old − base) where both are known
+    steps: int = 0
+
+    def relaxed(self, relax: float) -> np.ndarray:
+        """`[B, W]` the figures now (a missing figure stays missing)."""
+        new = self.base + (1.0 - relax) ** self.steps * (self.old - self.base)
+        np.copyto(new, self.old, where=np.isnan(new))
+        return new
 
 
 class AcceptanceModel:
@@ -88,6 +115,7 @@ class AcceptanceModel:
         # The last batch's (request ids, rows, `[B]` rows as an index): consecutive steps mostly
         # run the same requests, and resolving 64 ids costs ≈ 2.5 µs; cleared when rows change.
         self._last_batch: tuple[list[str], list[int], np.ndarray] | None = None
+        self._stretch: _Stretch | None = None
 
     # ---- table rows ---------------------------------------------------------------------------
     def _new_row(self) -> int:
@@ -121,6 +149,7 @@ class AcceptanceModel:
     # ---- reading --------------------------------------------------------------------------------
     def expected(self, request_id: str, klass: str, width: int) -> float:
         """Expected accepted drafts of this request at `width` (not counting the bonus)."""
+        self._settle()
         i = self._index.get(width)
         if i is not None:
             for row in (self._rows.get(request_id), self._classes.get(klass)):
@@ -131,6 +160,12 @@ class AcceptanceModel:
     def expected_totals(self, request_ids: list[str], klass_of) -> dict[int, float]:
         """width → Σ over the rows of 1 + expected accepted drafts (`expected` summed, rows in
         order); `klass_of(i)`: row i's class, asked only for requests not observed yet."""
+        stretch = self._stretch
+        if stretch is not None:
+            if stretch.ids == request_ids:       # o → b + f (o − b) summed over the rows
+                f = (1.0 - self.relax) ** stretch.steps
+                return dict(zip(self.widths, [b + f * d for b, d in zip(stretch.base_sum, stretch.diff_sum)]))
+            self._settle()
         B = len(request_ids)
         last = self._last_batch
         if last is not None and last[0] == request_ids:
@@ -182,6 +217,11 @@ class AcceptanceModel:
         B = len(request_ids)
         if B == 0:
             return
+        plain = ran_width == 1 and isinstance(ran_width, int)
+        if plain and self._stretch is not None and self._stretch.ids == request_ids:
+            self._stretch.steps += 1
+            return
+        self._settle()
         last = self._last_batch
         if last is not None and last[0] == request_ids:
             rows, idx = last[1], last[2]
@@ -195,6 +235,26 @@ class AcceptanceModel:
             self._observe_rows(rows, path_nodes, [ran_width] * B if isinstance(ran_width, int) else ran_width)
         else:
             self._observe_table(rows, idx, path_nodes, ran_width)
+        if plain:
+            self._begin_stretch(request_ids, rows, idx)
+
+    def _begin_stretch(self, request_ids: list[str], rows: list[int], idx: np.ndarray) -> None:
+        """After a plain step: the next plain steps of this batch only count (module docstring).
+        A figure relaxes only where it and its class's are both known; a total reads a missing
+        figure as its class's, or the prior (as `expected_totals`), constant while it lasts."""
+        old, klass = self._table.take(idx, 0), self._table.take(self._classes_of(rows), 0)
+        both = ~(np.isnan(old) | np.isnan(klass))
+        base = np.where(both, klass, old)
+        read = np.where(np.isnan(old), np.where(np.isnan(klass), self._prior, klass), old)
+        read = np.where(both, klass, read)
+        self._stretch = _Stretch(list(request_ids), idx, old, base,
+                                 (read.sum(0) + len(rows)).tolist(), np.where(both, old - klass, 0.0).sum(0).tolist())
+
+    def _settle(self) -> None:
+        """Write a plain stretch's relaxed figures into the table and end it."""
+        stretch, self._stretch = self._stretch, None
+        if stretch is not None and stretch.steps:
+            self._table[stretch.idx] = stretch.relaxed(self.relax)
 
     def _remember(self, request_ids: list[str], rows: list[int]) -> np.ndarray:
         """Keep a batch of observed requests' rows (`_last_batch`); returns their index."""
@@ -293,6 +353,7 @@ class AcceptanceModel:
         self._table[row] = figures
 
     def forget(self, request_id: str) -> None:
+        self._settle()
         row = self._rows.pop(request_id, None)
         if row is not None:
             self._free.append(row)

@@ -181,3 +181,37 @@ def test_policy_choices_are_pinned(seed, trees):
     assert hashlib.sha256(repr(chosen).encode()).hexdigest()[:16] == digest
     for bucket in (1, 2, 4, 8, 16, 32, 64):                      # the kept cost tables are current
         assert policy.cost.table(bucket) == {w: policy.cost.measured(bucket, w) for w in policy.cost.widths}
+
+
+@pytest.mark.parametrize("scalar_rows", [0, 1000])
+def test_plain_stretches_relax_as_the_reference_does_step_by_step(scalar_rows):
+    """Plain steps of one batch in a row are kept as a stretch and written in closed form
+    (`AcceptanceModel._Stretch`): its figures and totals match the reference's step-by-step
+    relaxation (to rounding), including figures that are missing for a row or its class."""
+    rng = random.Random(11)
+    widths = [1, 2, 4, 8, 16]
+    fast, ref = AcceptanceModel(widths, scalar_rows=scalar_rows), ReferenceAcceptance(widths)
+    klass = {f"r{i}": rng.choice(["greedy", "t<=1"]) for i in range(30)}
+    klass["late"] = "t>1"                       # a class first seen in a plain stretch: nothing to relax towards
+    live, stretched = [f"r{i}" for i in range(12)], 0
+    for step in range(400):
+        if step == 200:
+            live.append("late")
+        if rng.random() < 0.03:                 # the batch changes now and then
+            gone = live.pop(rng.randrange(len(live)))
+            fast.forget(gone)
+            ref.forget(gone)
+            live.append(rng.choice([r for r in klass if r not in live and r != "late"]))   # distinct requests
+        ran = 1 if rng.random() < 0.85 else rng.choice(widths[1:])
+        paths = [_path(rng, ran, False) for _ in live]
+        fast.observe_step(list(live), lambda i: klass[live[i]], paths, ran)
+        ref.observe_step([(r, klass[r], p, ran) for r, p in zip(live, paths)])
+        stretched = max(stretched, fast._stretch.steps if fast._stretch else 0)
+        totals = fast.expected_totals(list(live), lambda i: klass[live[i]])
+        assert totals == pytest.approx(ref.expected_totals([(r, klass[r]) for r in live]), rel=1e-12, abs=1e-12)
+        if step % 50 == 49:                     # reading one figure ends the stretch
+            for r in live:
+                for w in widths:
+                    assert fast.expected(r, klass[r], w) == pytest.approx(ref.expected(r, klass[r], w), rel=1e-12,
+                                                                          abs=1e-12)
+    assert stretched >= 10                      # the closed form was exercised, not only the per-step path

@@ -302,7 +302,7 @@ class Engine:
         if self.overlap and graphable and self.graphed.can_run(len(seqs)):
             launched = launch_decode(graphed, seqs, uniforms, self.in_flight)
             launched.width = width
-            outputs = self._finish_in_flight() if self.in_flight is not None else []
+            outputs = self._finish_in_flight(next_width=width) if self.in_flight is not None else []
             self.in_flight = launched
             return outputs
         inputs = decode_inputs(seqs, uniforms, self.cache.page_size, self.device)
@@ -313,16 +313,17 @@ class Engine:
             self.policy.observe(seqs, width, step)
         return outputs
 
-    def _finish_in_flight(self) -> list[StepOutput]:
+    def _finish_in_flight(self, next_width: int | None = None) -> list[StepOutput]:
         """Read and commit the step in flight. Rows whose request finished or was aborted
-        meanwhile are dropped (that request's output is complete)."""
+        meanwhile are dropped (that request's output is complete). `next_width`: the width of
+        the step launched just before (its launch is inside this step's timed interval)."""
         flight, self.in_flight = self.in_flight, None
         step = flight.result()
         live = [i for i, s in enumerate(flight.seqs)
                 if (state := self._requests.get(s.request_id)) is not None and state.seq is s]
         outputs = self._commit_step([flight.seqs[i] for i in live], step.rows(live), flight.width)
         if self.policy:     # after the commit, whose host time is part of the step's cost
-            self.policy.observe(flight.seqs, flight.width, step)
+            self.policy.observe(flight.seqs, flight.width, step, next_width=next_width)
         return outputs
 
     def _commit_step(self, seqs: list[Sequence], step: StepResult, width: int) -> list[StepOutput]:

@@ -46,7 +46,9 @@ and stays quick where requests differ.
 
 Timing: a step costs the time from the end of the previous step's commit to the end of its own
 — counted only when the previous step ran at the same width and batch bucket with nothing in
-between (a prefill calls `interrupt`). In that steady state the interval is the step's whole
+between (a prefill calls `interrupt`), and, overlapped, when the step launched during its
+interval runs at that width too (a probe's launch, and the drafter-context flush before it, would
+otherwise be charged to the plain step before it). In that steady state the interval is the step's whole
 cost whatever the engine overlaps: the host's launch and commit, and the wait for the GPU. A
 step after a switch is not timed: its interval holds its neighbour's work (an overlapped
 interval holds the previous step's commit and the next one's launch). This replaced a model of
@@ -266,10 +268,11 @@ class SpecPolicy:
         cost_plain, cost_full = self.cost.timed_at(b, 1), self.cost.timed_at(b, self.full_width)
         return totals[self.full_width] / cost_full < (1.0 - PRIOR_MARGIN) * totals[1] / cost_plain
 
-    def observe(self, seqs, width: int, step, now: float | None = None) -> None:
+    def observe(self, seqs, width: int, step, now: float | None = None, next_width: int | None = None) -> None:
         """Learn from a step run at `width` whose commit ended at `now` (default: now); `step` is
         its `StepResult` (rows in `seqs` order; rows already finished teach nothing: their
-        request is forgotten). Its cost is timed only in a steady state (module docstring)."""
+        request is forgotten). `next_width`: the step launched while this one was in flight, if
+        any. Its cost is timed only in a steady state (module docstring)."""
         entered = time.perf_counter()
         now = entered if now is None else now
         key = (self.cost.bucket_for(len(seqs)), width)
@@ -277,7 +280,7 @@ class SpecPolicy:
         self.choices[self.name(width)] += 1
         if self.mode == "static":
             return
-        if previous is not None and previous[1] == key:
+        if previous is not None and previous[1] == key and next_width in (None, width):
             self.cost.observe(len(seqs), width, now - previous[0])
         live, paths = seqs, step.path_nodes
         # C-level passes over the rows: a Python loop (getattr, the class) cost ≈ 1 µs a row.

@@ -472,3 +472,17 @@ def test_a_cold_bucket_times_plain_first_where_a_timed_neighbour_says_the_full_w
     high = {1: 8.0, 2: 16.0, 4: 32.0, 8: 64.0}                      # every draft accepted: wins at 16
     assert warm_policy()._costs_or_width_to_time(8, high)[1] == 8
     assert SpecPolicy("adaptive", 8, False, [1, 8, 16])._costs_or_width_to_time(8, low)[1] == 8   # nothing timed
+
+
+def test_an_overlapped_step_is_not_timed_when_a_step_of_another_width_launched_in_its_interval():
+    """Overlapped, a step's interval holds the launch of the next one: a probe's launch (and the
+    drafter-context flush before it) must not be charged to the plain step before it."""
+    policy = SpecPolicy("adaptive", 4, False, [1, 2])
+    one = [SimpleNamespace(request_id="r", status=Status.RUNNING, params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
+    step = StepResult([[0]], [0], [0], [[]])
+    clock = 0.0
+    # (width, seconds since the last step ended, width launched during its interval)
+    for w, dt, nxt in [(1, 1.0, 1), (1, 0.5, 1), (1, 3.0, 4), (4, 2.0, 1), (1, 1.0, 1), (1, 0.5, 1), (1, 0.5, None)]:
+        clock += dt
+        policy.observe(one, w, step, now=clock, next_width=nxt)
+    assert list(policy.cost._samples[1, 1]) == [0.5, 0.5, 0.5]       # not the 3 s interval holding the probe's launch

@@ -286,11 +286,11 @@ class DFlashProposer(Proposer):
         """Append the committed root + accepted nodes' features to the drafter's context; a plain
         step's (one row each, no drafts) is deferred (`DeferredContext`)."""
         width = path_features.shape[1]
-        slots = inputs.slots(width, accept_len + 1)
-        if width == 1:
-            self.deferred.add(path_features, inputs.positions(1), slots, inputs.all_greedy)
+        if width == 1:       # the root is always kept: its slot needs no mask by accept_len
+            self.deferred.add(path_features, inputs.positions(1), inputs.slots(1), inputs.all_greedy)
             return
-        self.drafter.write_context(path_features, inputs.positions(width), slots, self.cache)
+        self.drafter.write_context(path_features, inputs.positions(width), inputs.slots(width, accept_len + 1),
+                                   self.cache)
 
     def flush_context(self) -> None:
         if self.deferred.pending:          # (checked first: the engine asks before every drafting step)

@@ -255,6 +255,10 @@ class SpeculativeStep:
             result = self.verify(probs, tree, draft_probs, inputs.uniforms, inputs.walked_rows)
         if inputs.num_logprobs is not None:
             result.logprobs = path_logprobs(raw_logits, result.path, result.committed, inputs.num_logprobs)
+        if tree.width == 1:
+            # Plain decoding: the root alone is kept where it was written, and its features are
+            # the path's (a few kernels less in every plain step, the policy's commonest).
+            return result, features
         src, keep = accepted_kv_indices(result.path, result.accept_len)
         # Any row that branches may accept a path with gaps. (A batch's deepest row being a full
         # chain says nothing about the other rows: each row is checked when the tree is built.)

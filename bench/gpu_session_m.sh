@@ -5,16 +5,9 @@
 # and 16, the free adaptive policy; T = 1 unseeded, kernel time per step), then `bench offline
 # --compare-static` at T = 1 unseeded, c = 1 / 16 / 64, three rounds. On an H200, the Kimi slice
 # first (issue 14: its figure is asked on that card).
-# Needs .whl (fastapi, uvicorn, pydantic… for Python 3.12) and .carry/site (bash bench/make_carry.sh --site-only).
 # Usage on the device machine, from the repo root:  bash bench/gpu_session_m.sh
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD/.carry/site:$PWD
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-DEADLINE=${DEADLINE:-550}
-left() { echo $(( DEADLINE - SECONDS )); }
-cap() { local want=$1 l; l=$(left); [ "$l" -lt "$want" ] && want=$l; echo $(( want > 0 ? want : 1 )); }
-nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/device.txt"
+source bench/device_prelude.sh
 if grep -q H200 "$OUT/device.txt"; then
   timeout $(cap ${SLICE_S:-150}) python3 -m blockspec.cli bench step --shape kimi-k2-slice --int4-experts --profile \
       --output "$OUT/step_kimi_slice_int4_h200.json" 2>&1 | grep -v -i warn | tail -14

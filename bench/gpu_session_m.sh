@@ -17,7 +17,7 @@ timeout $(cap ${TEST_S:-60}) python3 -m pytest -q -p no:cacheprovider -rfEs \
     > "$OUT/cuda_tests_log.txt" 2>&1
 tail -2 "$OUT/cuda_tests_log.txt"
 timeout $(cap ${STEADY_S:-160}) python3 bench/steady_steps.py --device cuda --dtype bfloat16 --batches 1,16,64 \
-    --widths 1,16 --profile --output "$OUT/steady_steps_T1.json" 2>&1 | grep -v -i "warn\|graph replay" \
+    --widths 1,4,16 --rounds 2 --profile --output "$OUT/steady_steps_T1.json" 2>&1 | grep -v -i "warn\|graph replay" \
     | tee "$OUT/steady_steps_T1_log.txt" | tail -12
 if [ "$(left)" -gt 120 ]; then
   timeout $(cap 330) python3 -m blockspec.cli bench offline --model blockspec/bundled/target \

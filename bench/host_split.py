@@ -71,6 +71,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=480)
+    ap.add_argument("--cpu-graphs", action="store_true",
+                    help="on a CPU: the static-buffer graph path, overlapped, as on CUDA (bench/plain_step_gap.py)")
     ap.add_argument("--output", default=None)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -80,6 +82,10 @@ def main() -> int:
                               **common).engine}
     if engines["spec w1"].policy is not None:
         engines["spec w1"].policy._choose = lambda seqs: 1
+    if args.cpu_graphs:
+        for e in engines.values():
+            e.graphed = e.capture_graphs()
+            e.overlap, e.scheduler.steps_ahead = True, 1
     shared = defaultdict(float)             # class-level pieces, cleared before each timed run
     for owner, name, label in ((PackedStep, "fill", "PackedStep.fill"), (InFlightStep, "result", "InFlightStep.result"),
                                (engine_module, "launch_decode", "launch_decode")):

@@ -280,8 +280,8 @@ class SpecPolicy:
         self.choices[self.name(width)] += 1
         if self.mode == "static":
             return
-        if previous is not None and previous[1] == key and next_width in (None, width):
-            self.cost.observe(len(seqs), width, now - previous[0])
+        newly_timed = (previous is not None and previous[1] == key and next_width in (None, width)
+                       and self.cost.observe(len(seqs), width, now - previous[0]))
         live, paths = seqs, step.path_nodes
         # C-level passes over the rows: a Python loop (getattr, the class) cost ≈ 1 µs a row.
         if Status.FINISHED in map(_status, seqs):     # (finished: already forgotten)
@@ -294,7 +294,7 @@ class SpecPolicy:
         if paths is not None:                   # plain rows too: their wider widths relax
             self.acceptance.observe_step(live_ids, lambda i: temperature_class(live[i].params), paths, width)
         bucket = key[0]
-        if bucket not in self.cost.logged and all(t is not None for t in self.cost.table(len(seqs)).values()):
+        if newly_timed and bucket not in self.cost.logged and None not in self.cost.table(len(seqs)).values():
             self.cost.logged.add(bucket)
             log.info("%s (policy host time so far %.2f ms)", self.cost.format_table(len(seqs)), self.host_seconds * 1e3)
         self.host_seconds += time.perf_counter() - entered

@@ -68,7 +68,9 @@ class StepCostModel:
             bucket = self._buckets[batch_size] = next((b for b in self.buckets if b >= batch_size), batch_size)
         return bucket
 
-    def observe(self, batch_size: int, width: int, seconds: float) -> None:
+    def observe(self, batch_size: int, width: int, seconds: float) -> bool:
+        """One timed step; True when it is the sample that makes its key measured (what a
+        caller that logs full tables waits for, instead of scanning them every step)."""
         if width not in self.widths:
             raise ValueError(f"width {width} is not a candidate ({self.widths})")
         if not seconds >= 0:
@@ -76,11 +78,15 @@ class StepCostModel:
         key = (self.bucket_for(batch_size), width)
         self._seen[key] = self._seen.get(key, 0) + 1
         if self._seen[key] <= self.discard or self._stalled(key, seconds):
-            return
-        self._samples.setdefault(key, deque(maxlen=self.window)).append(seconds)
+            return False
+        samples = self._samples.get(key)
+        if samples is None:
+            samples = self._samples[key] = deque(maxlen=self.window)
+        samples.append(seconds)
         table = self._tables.get(key[0])
         if table is not None:
             table[width] = self.measured(batch_size, width)
+        return len(samples) == self.min_samples
 
     def _stalled(self, key: tuple[int, int], seconds: float) -> bool:
         """A timing over STALL_FACTOR × the step's GPU prior (either variant) is not the

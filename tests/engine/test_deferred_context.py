@@ -30,7 +30,8 @@ def test_rows_are_written_first_in_first_out_in_one_call(monkeypatch):
     assert positions[:, 0].tolist() == [4, 9, 5, 10, 2] and slots[:, 0].tolist() == [40, 90, 41, 91, 22]
     deferred.flush()
     assert len(calls) == 1                                        # nothing left: no second write
-    monkeypatch.setattr(proposers, "MAX_DEFERRED_ROWS", 4)
+    row_bytes = 5 * 4 + 2 * 8                                     # float32 features of 5, int64 position and slot
+    monkeypatch.setattr(proposers, "MAX_DEFERRED_BYTES", 4 * row_bytes)
     for _ in range(2):
         deferred.add(f1, torch.tensor([[4], [9]]), torch.tensor([[40], [90]]), True)
     assert len(calls) == 2 and deferred.pending == []              # a long plain stretch flushes early

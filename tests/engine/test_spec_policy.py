@@ -1,5 +1,6 @@
 """The adaptive policy's pure parts: cost model, acceptance EMA, the choice (engine/spec_policy.py)."""
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -486,3 +487,19 @@ def test_an_overlapped_step_is_not_timed_when_a_step_of_another_width_launched_i
         clock += dt
         policy.observe(one, w, step, now=clock, next_width=nxt)
     assert list(policy.cost._samples[1, 1]) == [0.5, 0.5, 0.5]       # not the 3 s interval holding the probe's launch
+
+
+def test_a_buckets_cost_table_is_logged_once_when_its_last_width_is_timed(caplog):
+    policy = SpecPolicy("adaptive", 2, False, [1, 2])
+    one = [SimpleNamespace(request_id="r", status=Status.RUNNING, params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
+    step = StepResult([[0]], [0], [0], [[]])
+    clock = 0.0
+    with caplog.at_level(logging.INFO, logger="blockspec.spec_policy"):
+        for w in [1, 1, 1, 2, 2]:            # plain timed twice (measured), width 2 once: not yet
+            clock += 0.001
+            policy.observe(one, w, step, now=clock)
+        assert not caplog.records
+        for w in [2, 2, 2, 1, 1]:            # width 2's second timing completes the table; then no repeat
+            clock += 0.001
+            policy.observe(one, w, step, now=clock)
+    assert len(caplog.records) == 1 and "policy host time" in caplog.records[0].getMessage()

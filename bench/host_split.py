@@ -32,9 +32,13 @@ from blockspec.llm import LLM  # noqa: E402
 from steady_steps import BUNDLED, drain, fill, time_steps  # noqa: E402
 
 
+WRAPPED: list = []      # (owner, name, what `vars(owner)` held before, or None): `unwrap` restores them
+
+
 def wrap(owner, name: str, label: str, acc: dict) -> None:
-    """Replace `owner.name` (an instance's method or a class's function) by a timed call."""
+    """Replace `owner.name` (an instance's method or attribute, or a class's function) by a timed call."""
     inner = getattr(owner, name)
+    WRAPPED.append((owner, name, vars(owner).get(name)))
 
     def timed(*args, **kwargs):
         start = time.perf_counter()
@@ -48,6 +52,15 @@ def wrap(owner, name: str, label: str, acc: dict) -> None:
 ENGINE_METHODS = ("step", "_decode_step", "_finish_in_flight", "_commit_step", "_uniforms", "_step_options")
 
 
+def unwrap() -> None:
+    while WRAPPED:
+        owner, name, before = WRAPPED.pop()
+        if before is None:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, before)
+
+
 def instrument(engine, acc: dict) -> None:
     for name in ENGINE_METHODS:
         wrap(engine, name, f"engine.{name}", acc)
@@ -56,10 +69,12 @@ def instrument(engine, acc: dict) -> None:
         wrap(engine.policy, "choose", "policy.choose", acc)
         wrap(engine.policy, "observe", "policy.observe", acc)
     if engine.proposer is not None:
-        wrap(engine.proposer, "defer_staged", "proposer.defer_staged", acc)
         wrap(engine.proposer, "flush_context", "proposer.flush_context", acc)
     for graphed in (engine.graphed.by_width.values() if engine.graphed is not None else ()):
         wrap(graphed, "launch", f"graphed.launch (w{graphed.width})", acc)
+        wrap(graphed, "_replay", f"graphed._replay (w{graphed.width})", acc)
+        if graphed.after_replay is not None:      # (bound at capture: wrapped where it is kept)
+            wrap(graphed, "after_replay", f"graphed.after_replay (w{graphed.width})", acc)
 
 
 def main() -> int:
@@ -87,13 +102,14 @@ def main() -> int:
             e.graphed = e.capture_graphs()
             e.overlap, e.scheduler.steps_ahead = True, 1
     shared = defaultdict(float)             # class-level pieces, cleared before each timed run
-    for owner, name, label in ((PackedStep, "fill", "PackedStep.fill"), (InFlightStep, "result", "InFlightStep.result"),
-                               (engine_module, "launch_decode", "launch_decode")):
-        wrap(owner, name, label, shared)
     rows = []
     for batch in batches:
         for label, engine in engines.items():
             acc = defaultdict(float)
+            for owner, name, piece in ((PackedStep, "fill", "PackedStep.fill"),
+                                       (InFlightStep, "result", "InFlightStep.result"),
+                                       (engine_module, "launch_decode", "launch_decode")):
+                wrap(owner, name, piece, shared)
             instrument(engine, acc)
             fill(engine, batch, args.temperature, args.max_tokens)
             for _ in range(args.warmup):
@@ -107,13 +123,7 @@ def main() -> int:
             print(json.dumps(row), flush=True)
             rows.append(row)
             drain(engine)
-            for name in ENGINE_METHODS:                # un-instrument: the next batch wraps afresh
-                delattr(engine, name)
-            graphs = engine.graphed.by_width.values() if engine.graphed is not None else ()
-            for obj in (engine.scheduler, engine.policy, engine.proposer, *graphs):
-                for name in ("schedule", "choose", "observe", "defer_staged", "flush_context", "launch"):
-                    if obj is not None and name in vars(obj):
-                        delattr(obj, name)
+            unwrap()                               # the next batch wraps afresh
     if args.output:
         Path(args.output).write_text(json.dumps({"device": torch.cuda.get_device_name() if args.device == "cuda"
                                                  else "cpu", "args": vars(args), "rows": rows}, indent=1))

@@ -169,7 +169,7 @@ class Engine:
                       max_bs=min(self.config.cuda_graph_max_bs, self.config.max_running_requests))
         make = lambda w: lambda inputs, tree: self.spec_step.device_step(self.runner, inputs, tree, width=w)  # noqa: E731
         return WidthGraphs(make, self.policy.widths if self.policy else [1],
-                           plain_after_replay=self.proposer.defer_staged if self.proposer else None, **kwargs)
+                           plain_after_replay=self.proposer.after_plain_replay if self.proposer else None, **kwargs)
 
     # ---- requests -------------------------------------------------------------------------
     def _verify_label(self, params) -> str:

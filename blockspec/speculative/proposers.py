@@ -66,15 +66,16 @@ class Proposer:
     def flush_context(self) -> None:
         pass
 
-    def defer_staged(self, batch_size: int, all_greedy: bool, rows: int) -> None:
+    def after_plain_replay(self, batch_size: int, all_greedy: bool, rows: int) -> None:
         pass
 
 
-# A plain stretch whose queued context rows (target features and position, slot) pass this many
-# bytes flushes early. By bytes, not rows: a flush is ≈ 25 eager launches (host time, the
-# bundled pair's 3.2 KB rows at 64 rows a step flushed every 16 steps at 1,024 rows), while the
-# memory held is what must stay bounded (an 8B target's rows are 40 KB).
+# The deferred rows' ring holds this many bytes of rows (target features and position, slot), at
+# least MIN_DEFERRED_ROWS rows, and is written out at half full. By bytes, not rows: a write is
+# ≈ 25 eager launches (host time: at 1,024 rows the bundled pair's 3.2 KB rows flushed every 16
+# steps at 64 rows), while the memory held is what must stay bounded (an 8B target's rows are 40 KB).
 MAX_DEFERRED_BYTES = 64 << 20
+MIN_DEFERRED_ROWS = 2048
 
 
 def capturing(t: torch.Tensor) -> bool:
@@ -90,48 +91,60 @@ class DeferredContext:
 
     Exact: the write of a token's context depends only on its own target features, position
     and slot (no attention among context rows), so writing N rows late in one call stores what N
-    writes would have, up to the batched product's rounding. Order is kept: the queue is
-    written first-in first-out, and the engine (the one place that flushes: a replayed graph
-    runs none of the proposer's Python) flushes it before anything else writes or reads the
+    writes would have, up to the batched product's rounding. Order is kept: rows are written
+    first-in first-out, and the engine flushes before anything else writes or reads the
     drafter's context — a drafting step, a prefill (a finished request's slots may be reused by
     a new one; its stale rows land first and are overwritten).
 
-    Under CUDA graphs a replay cannot append to a host list: the captured plain step leaves
-    its rows in the graph's static tensors (`staged`, keyed by bucket and greediness) and the
-    engine calls `defer_staged` after each replay, which queues copies of the live rows."""
+    The rows go to a ring on the device, `capacity` rows plus one scratch row, by device work
+    only: a captured plain step's replays append their rows with no host work (copying them out
+    of the graph's static tensors after each replay cost 82 µs of host time a step on the H100,
+    the largest part of the speculative engine's extra over a plain engine's plain step). The
+    device's write position (`head`) advances in the step by its live rows; the host mirrors it
+    (`rows`), counting a replay's real rows (`count_replayed`) or, eagerly, the rows it was given.
+    Padding rows (a graph bucket's rows past the batch) have position 0 — a decode row's position
+    is its cached length, at least 1 — and go to the scratch row."""
 
-    def __init__(self, write):
+    def __init__(self, write, features: int, dtype: torch.dtype, device, capacity: int | None = None):
         self.write = write              # write(features [N, 1, F], positions [N, 1], slots [N, 1])
-        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []   # ([B, 1, F], [B, 2] position, slot)
-        self.rows = 0
-        self.staged: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
+        row_bytes = features * torch.empty(0, dtype=dtype).element_size() + 16
+        self.capacity = capacity or max(MIN_DEFERRED_ROWS, MAX_DEFERRED_BYTES // row_bytes)
+        self.features = torch.zeros(self.capacity + 1, features, dtype=dtype, device=device)   # [R + 1, F]
+        self.meta = torch.zeros(self.capacity + 1, 2, dtype=torch.int64, device=device)        # position, slot
+        self.head = torch.zeros(1, dtype=torch.int64, device=device)    # rows ever appended (device)
+        self.tail = 0                   # rows ever written out (host)
+        self.rows = 0                   # rows appended and not written out (host)
 
     def add(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, all_greedy: bool) -> None:
-        """A plain step's rows: features `[B, 1, F]`, positions and slots `[B, 1]`."""
-        meta = torch.stack([positions[:, 0], slots[:, 0].to(positions.dtype)], dim=1)
-        if capturing(features):
-            self.staged[features.shape[0], all_greedy] = (features, meta)
-            return
-        self._queue(features, meta)
+        """A plain step's rows: features `[B, 1, F]`, positions and slots `[B, 1]`; device work
+        only (captured in a plain step's graph). Counted here when run eagerly."""
+        B = features.shape[0]
+        if B > self.capacity // 2:
+            raise ValueError(f"a plain step of {B} rows exceeds half the deferred context's {self.capacity}")
+        live = positions[:, 0] > 0
+        index = torch.where(live, (self.head + live.cumsum(0) - 1) % self.capacity, self.capacity)
+        self.features.index_copy_(0, index, features[:, 0].to(self.features.dtype))
+        self.meta.index_copy_(0, index, torch.stack([positions[:, 0], slots[:, 0].to(torch.int64)], dim=1))
+        self.head.add_(live.sum())
+        if not capturing(features):
+            self._count(int(live.sum()))
 
-    def add_staged(self, batch_size: int, all_greedy: bool, rows: int) -> None:
-        """After a replay of the plain step captured at `batch_size`: queue its first `rows` rows."""
-        features, meta = self.staged[batch_size, all_greedy]
-        self._queue(features[:rows].clone(), meta[:rows].clone())
+    def count_replayed(self, rows: int) -> None:
+        """After a replay of a captured plain step over `rows` real rows (its graph appended them)."""
+        self._count(rows)
 
-    def _queue(self, features: torch.Tensor, meta: torch.Tensor) -> None:
-        self.pending.append((features, meta))
-        self.rows += features.shape[0]
-        row_bytes = features[0].numel() * features.element_size() + meta[0].numel() * meta.element_size()
-        if self.rows * row_bytes >= MAX_DEFERRED_BYTES:
+    def _count(self, rows: int) -> None:
+        self.rows += rows
+        if self.rows > self.capacity // 2:    # room left for any step's rows (`add` refuses more)
             self.flush()
 
     def flush(self) -> None:
-        if not self.pending:
+        if not self.rows:
             return
-        features, meta = map(torch.cat, zip(*self.pending))
-        self.pending, self.rows = [], 0
-        self.write(features, meta[:, :1], meta[:, 1:])
+        index = (self.tail + torch.arange(self.rows, device=self.meta.device)) % self.capacity
+        features, meta = self.features.index_select(0, index), self.meta.index_select(0, index)
+        self.tail, self.rows = self.tail + self.rows, 0
+        self.write(features[:, None], meta[:, :1], meta[:, 1:])
 
 
 class NgramProposer(Proposer):
@@ -196,7 +209,9 @@ class DFlashProposer(Proposer):
         if weight.device.type == "cuda" and self.tree_budget is not None:
             self._use_tree_kernel(weight.device)
         self.cache = drafter.config.cache_spec.allocate(num_pages, page_size, weight.dtype, weight.device)
-        self.deferred = DeferredContext(lambda f, p, s: drafter.write_context(f, p, s, self.cache))
+        self.deferred = DeferredContext(lambda f, p, s: drafter.write_context(f, p, s, self.cache),
+                                        len(drafter.config.target_layer_ids) * drafter.config.hidden_size,
+                                        weight.dtype, weight.device)
 
     def _use_tree_kernel(self, device: torch.device) -> None:
         """On CUDA the tree is built by a kernel, so draft → tree → verify is one CUDA graph (on
@@ -298,12 +313,12 @@ class DFlashProposer(Proposer):
                                    self.cache)
 
     def flush_context(self) -> None:
-        if self.deferred.pending:          # (checked first: the engine asks before every drafting step)
+        if self.deferred.rows:             # (checked first: the engine asks before every drafting step)
             with torch.inference_mode():
                 self.deferred.flush()
 
-    def defer_staged(self, batch_size: int, all_greedy: bool, rows: int) -> None:
-        self.deferred.add_staged(batch_size, all_greedy, rows)
+    def after_plain_replay(self, batch_size: int, all_greedy: bool, rows: int) -> None:
+        self.deferred.count_replayed(rows)
 
 
 def build_proposer(config, target_config):

@@ -17,9 +17,14 @@ from blockspec.speculative.proposers import DeferredContext
 from graph_fixtures import DEVICE, engine_for, requests, run
 
 
-def test_rows_are_written_first_in_first_out_in_one_call(monkeypatch):
+def ring(calls, capacity=None):
+    return DeferredContext(lambda f, p, s: calls.append((f.clone(), p.clone(), s.clone())), 5, torch.float32, "cpu",
+                           capacity=capacity)
+
+
+def test_rows_are_written_first_in_first_out_in_one_call():
     calls = []
-    deferred = DeferredContext(lambda f, p, s: calls.append((f.clone(), p.clone(), s.clone())))
+    deferred = ring(calls)
     f1, f2 = torch.randn(2, 1, 5), torch.randn(3, 1, 5)
     deferred.add(f1, torch.tensor([[4], [9]]), torch.tensor([[40], [90]]), True)
     deferred.add(f2, torch.tensor([[5], [10], [2]]), torch.tensor([[41], [91], [22]]), False)
@@ -30,39 +35,43 @@ def test_rows_are_written_first_in_first_out_in_one_call(monkeypatch):
     assert positions[:, 0].tolist() == [4, 9, 5, 10, 2] and slots[:, 0].tolist() == [40, 90, 41, 91, 22]
     deferred.flush()
     assert len(calls) == 1                                        # nothing left: no second write
-    row_bytes = 5 * 4 + 2 * 8                                     # float32 features of 5, int64 position and slot
-    monkeypatch.setattr(proposers, "MAX_DEFERRED_BYTES", 4 * row_bytes)
-    for _ in range(2):
-        deferred.add(f1, torch.tensor([[4], [9]]), torch.tensor([[40], [90]]), True)
-    assert len(calls) == 2 and deferred.pending == []              # a long plain stretch flushes early
 
 
-def test_a_captured_plain_step_stages_its_rows_and_a_replay_queues_copies(monkeypatch):
-    """The staging path on CPU tensors (capture stood in for): inside a capture `add` keeps the
-    step's own tensors, keyed by bucket and greediness, and queues nothing; after each replay
-    `add_staged` queues copies of the live rows, so the next replay overwriting the static
-    tensors does not change what is written."""
+def test_the_ring_writes_out_at_half_full_and_keeps_order_across_its_end():
     calls = []
-    deferred = DeferredContext(lambda f, p, s: calls.append((f.clone(), p.clone(), s.clone())))
-    features, positions, slots = torch.randn(4, 1, 3), torch.arange(4)[:, None], 10 + torch.arange(4)[:, None]
+    deferred = ring(calls, capacity=8)
+    rows = [torch.randn(3, 1, 5) for _ in range(5)]
+    for i, f in enumerate(rows):                                  # 3 rows a step: out at 6 (> 4), then at 12
+        deferred.add(f, 10 * i + torch.arange(1, 4)[:, None], 100 + 10 * i + torch.arange(3)[:, None], False)
+    assert [len(c[0]) for c in calls] == [6, 6] and deferred.rows == 3
+    deferred.flush()
+    written = torch.cat([c[0] for c in calls])
+    assert torch.equal(written, torch.cat(rows))                  # in order, though the ring wrapped
+    assert torch.cat([c[1] for c in calls])[:, 0].tolist() == [10 * i + j for i in range(5) for j in (1, 2, 3)]
+    with pytest.raises(ValueError, match="exceeds half"):
+        deferred.add(torch.randn(5, 1, 5), torch.ones(5, 1, dtype=torch.long), torch.ones(5, 1, dtype=torch.long), False)
+
+
+def test_a_captured_plain_step_appends_its_live_rows_and_a_replay_only_counts_them(monkeypatch):
+    """The capture path on CPU tensors (capture stood in for): inside a capture `add` appends on
+    the device and counts nothing; after each replay `count_replayed` counts the real rows. A
+    bucket's padding rows (position 0) go to the scratch row, so the ring holds only live rows
+    and the host's count matches the device's write position."""
+    calls = []
+    deferred = ring(calls)
     monkeypatch.setattr(proposers, "capturing", lambda t: True)
-    deferred.add(features, positions, slots, False)
+    first, second = torch.randn(4, 1, 5), torch.randn(4, 1, 5)   # two replays of a bucket of 4
+    deferred.add(first, torch.tensor([[5], [6], [7], [0]]), torch.tensor([[50], [60], [70], [0]]), False)
+    assert deferred.rows == 0
+    deferred.count_replayed(3)
+    deferred.add(second, torch.tensor([[8], [9], [0], [0]]), torch.tensor([[80], [90], [0], [0]]), False)
+    deferred.count_replayed(2)
     monkeypatch.undo()
-    assert deferred.pending == [] and set(deferred.staged) == {(4, False)}
-    first = features[:3].clone()
-    deferred.add_staged(4, False, 3)                              # replay 1: 3 live rows of the bucket of 4
-    staged_features, staged_meta = deferred.staged[4, False]
-    assert staged_features is features                            # the step's own (static) tensor
-    staged_features.add_(100.0)                                   # replay 2 overwrites the static tensors
-    staged_meta.add_(1)
-    deferred.add_staged(4, False, 2)
-    assert deferred.rows == 5
+    assert deferred.rows == 5 and int(deferred.head) == 5
     deferred.flush()
     (written, pos, slot), = calls
-    assert torch.equal(written, torch.cat([first, features[:2]]))
-    assert pos[:, 0].tolist() == [0, 1, 2, 1, 2] and slot[:, 0].tolist() == [10, 11, 12, 11, 12]
-    with pytest.raises(KeyError):
-        deferred.add_staged(8, False, 2)                          # nothing was captured at 8
+    assert torch.equal(written, torch.cat([first[:3], second[:2]]))
+    assert pos[:, 0].tolist() == [5, 6, 7, 8, 9] and slot[:, 0].tolist() == [50, 60, 70, 80, 90]
 
 
 def widths_from(sequence):
@@ -84,7 +93,7 @@ def immediate_writes(monkeypatch):
     def add(self, features, positions, slots, all_greedy):
         self.write(features, positions, slots)      # (inside a captured graph: a captured write)
     monkeypatch.setattr(DeferredContext, "add", add)
-    monkeypatch.setattr(DeferredContext, "add_staged", lambda self, *args: None)
+    monkeypatch.setattr(DeferredContext, "count_replayed", lambda self, *args: None)
 
 
 @pytest.mark.parametrize("graphs, overlap", [(False, False), (True, False), (True, True)])
@@ -92,7 +101,7 @@ def test_deferred_context_ends_as_immediate_writes(qwen3_dir, drafter, graphs, o
     """Plain stretches, drafting steps and requests that finish and free their pages to later
     prompts (7 requests, batch of 4): the drafter's cache equals immediate writes', and so do
     the outputs. With `graphs` (CPU: the graph code on static buffers; CUDA: captured graphs,
-    whose plain replays stage their rows for `defer_staged`), and overlapped decoding."""
+    whose plain replays append their rows to the ring), and overlapped decoding."""
     monkeypatch.setattr(SpecPolicy, "choose", widths_from([1, 1, 1, 5, 1, 2, 1, 1]))
     reqs = requests()
     deferred_engine = engine_for(qwen3_dir, "dflash", drafter, graphs=graphs, overlap=overlap, spec_policy="adaptive")
@@ -141,12 +150,14 @@ def test_a_later_prompt_is_not_overwritten_by_an_earlier_requests_late_rows(qwen
     assert not all(torch.allclose(x, y, rtol=1e-5, atol=1e-5) for x, y in zip(bad, want))
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="real CUDA-graph capture (the staging itself is tested on CPU above); "
+@pytest.mark.skipif(DEVICE != "cuda", reason="real CUDA-graph capture (the ring itself is tested on CPU above); "
                                              "passed on an H100: bench/results/gpu_session_i/call1/cuda_tests_log.txt")
-def test_captured_plain_steps_stage_their_rows(qwen3_dir, drafter, monkeypatch):
+def test_captured_plain_steps_append_their_rows(qwen3_dir, drafter, monkeypatch):
+    """Replays of captured plain steps append exactly their live rows: the device's write
+    position equals the host's count (capture and timing replays, all padding, appended none)."""
     monkeypatch.setattr(SpecPolicy, "choose", widths_from([1]))
     engine = engine_for(qwen3_dir, "dflash", drafter, graphs=True, spec_policy="adaptive")
-    assert engine.proposer.deferred.staged                      # the plain graphs left their rows' tensors
-    engine.proposer.flush_context()
+    deferred = engine.proposer.deferred
+    assert int(deferred.head) == deferred.tail + deferred.rows
     run(engine, requests(3))
-    assert engine.proposer.deferred.rows > 0
+    assert deferred.rows > 0 and int(deferred.head) == deferred.tail + deferred.rows

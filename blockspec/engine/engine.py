@@ -354,8 +354,9 @@ class Engine:
         idx = [i for i, (s, r) in enumerate(zip(seqs, rows)) if r and not s.params.greedy and not races(s.params)]
         if idx:
             columns = columns or slice(None)
-            out[idx, columns] = torch.rand(len(idx), out[:, columns].shape[1], generator=self.generator,
-                                           dtype=torch.float64)
+            drawn = torch.rand(len(idx), len(range(n)[columns]), generator=self.generator, dtype=torch.float64)
+            # Every row drawing (the usual sampled batch): a slice copy, not an indexed one (host time).
+            out[slice(None) if len(idx) == len(seqs) else idx, columns] = drawn
         return out
 
     # ---- after a step: commit, stop, detokenize ---------------------------------------------

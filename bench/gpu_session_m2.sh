@@ -13,15 +13,6 @@ timeout $(cap ${SPLIT_S:-100}) python3 bench/host_split.py --device cuda --dtype
 timeout $(cap ${STEADY_S:-60}) python3 bench/steady_steps.py --device cuda --dtype bfloat16 --batches 16,64 \
     --widths 1 --rounds 3 --no-adaptive --output "$OUT/steady_steps_T1.json" 2>&1 | grep -v -i "warn\|graph replay" \
     | tail -4
-for RUN in T1u:1:u:3 T0:0::2; do
-  IFS=: read -r NAME T SEEDS REPEATS <<< "$RUN"
-  [ "$(left)" -lt 60 ] && { echo "skipped $NAME: $(left) s left"; continue; }
-  timeout $(cap 150) python3 -m blockspec.cli bench offline --model blockspec/bundled/target \
-      --draft-model blockspec/bundled/drafter --device cuda --dtype bfloat16 --dataset sharegpt --temperature $T \
-      --num-prompts 32 --max-tokens 128 --compare-static --static-widths 4,16 --concurrency 1,16,64 \
-      --repeats $REPEATS --waves 4 ${SEEDS:+--unseeded} --no-progress --output "$OUT/compare_static_gpu_$NAME.json" \
-      > /tmp/log_cs.txt 2>&1
-  grep -v -i "warn\|token indices" /tmp/log_cs.txt | tail -6
-done
+compare_static "T1u:1:u:3 T0:0::2" 150
 rm -f "$OUT"/*.png
 echo "script seconds: $SECONDS"

@@ -115,6 +115,7 @@ class SpecPolicy:
         self.retime_interval, self._steps = retime_interval, 0
         self._retime_next: int | None = None      # a cost re-timing's second (timed) step
         self.choices: Counter = Counter()         # config name → steps (logged with the cost table)
+        self._names: dict[int, str] = {}          # width → `name(width)`, kept (asked every step)
         self.host_seconds = 0.0                   # the policy's own time (choose + observe)
         self._last: tuple[float, tuple[int, int]] | None = None   # (time, (bucket, width)) of the last step
         # First looks: requests not yet observed at the full width.
@@ -277,7 +278,8 @@ class SpecPolicy:
         now = entered if now is None else now
         key = (self.cost.bucket_for(len(seqs)), width)
         previous, self._last = self._last, (now, key)
-        self.choices[self.name(width)] += 1
+        name = self._names.get(width) or self._names.setdefault(width, self.name(width))
+        self.choices[name] += 1
         if self.mode == "static":
             return
         newly_timed = (previous is not None and previous[1] == key and next_width in (None, width)

@@ -92,7 +92,10 @@ class StepCostModel:
         """A timing over STALL_FACTOR × the step's GPU prior (either variant) is not the
         step's cost but a stall inside its interval (a compile, a collection, the process
         descheduled): dropped. Without priors (CPU) every timing is kept."""
-        prior = max(self.priors.get((*key, g), 0.0) for g in (False, True))
+        if not self.priors:
+            return False
+        bucket, width = key
+        prior = max(self.priors.get((bucket, width, False), 0.0), self.priors.get((bucket, width, True), 0.0))
         return prior > 0 and seconds > STALL_FACTOR * prior
 
     def measured(self, batch_size: int, width: int) -> float | None:

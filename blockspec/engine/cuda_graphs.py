@@ -72,7 +72,7 @@ class GraphedStep:
         `drafts_on_device`: the tree is made inside the step (passed as None). `share`: a
         graph set of another verify width whose memory pool, carry buffer and replay count
         this one shares (`WidthGraphs`: a step of one width may follow a step of another).
-        `after_replay(bucket, all_greedy, rows)`: called after each graph replay of a real batch
+        `after_replay(rows)`: called after each graph replay of a real batch of `rows` rows
         (the plain step's deferred drafter context: `DeferredContext`)."""
         self.fn = device_step
         self.after_replay = after_replay
@@ -143,7 +143,7 @@ class GraphedStep:
         if st.graph is not None:
             st.graph.replay()
             if rows is not None and self.after_replay is not None:
-                self.after_replay(bs, st.all_greedy, rows)
+                self.after_replay(rows)
         else:
             st.outputs = self._step(st, bs)
 

@@ -66,7 +66,7 @@ class Proposer:
     def flush_context(self) -> None:
         pass
 
-    def after_plain_replay(self, batch_size: int, all_greedy: bool, rows: int) -> None:
+    def after_plain_replay(self, rows: int) -> None:
         pass
 
 
@@ -101,13 +101,13 @@ class DeferredContext:
     of the graph's static tensors after each replay cost 82 µs of host time a step on the H100,
     the largest part of the speculative engine's extra over a plain engine's plain step). The
     device's write position (`head`) advances in the step by its live rows; the host mirrors it
-    (`rows`), counting a replay's real rows (`count_replayed`) or, eagerly, the rows it was given.
+    (`rows`), counting a replay's real rows (`count`, after the replay) or, eagerly, the live rows.
     Padding rows (a graph bucket's rows past the batch) have position 0 — a decode row's position
     is its cached length, at least 1 — and go to the scratch row."""
 
     def __init__(self, write, features: int, dtype: torch.dtype, device, capacity: int | None = None):
         self.write = write              # write(features [N, 1, F], positions [N, 1], slots [N, 1])
-        row_bytes = features * torch.empty(0, dtype=dtype).element_size() + 16
+        row_bytes = features * dtype.itemsize + 2 * torch.int64.itemsize
         self.capacity = capacity or max(MIN_DEFERRED_ROWS, MAX_DEFERRED_BYTES // row_bytes)
         self.features = torch.zeros(self.capacity + 1, features, dtype=dtype, device=device)   # [R + 1, F]
         self.meta = torch.zeros(self.capacity + 1, 2, dtype=torch.int64, device=device)        # position, slot
@@ -115,7 +115,7 @@ class DeferredContext:
         self.tail = 0                   # rows ever written out (host)
         self.rows = 0                   # rows appended and not written out (host)
 
-    def add(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, all_greedy: bool) -> None:
+    def add(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
         """A plain step's rows: features `[B, 1, F]`, positions and slots `[B, 1]`; device work
         only (captured in a plain step's graph). Counted here when run eagerly."""
         B = features.shape[0]
@@ -125,15 +125,13 @@ class DeferredContext:
         index = torch.where(live, (self.head + live.cumsum(0) - 1) % self.capacity, self.capacity)
         self.features.index_copy_(0, index, features[:, 0].to(self.features.dtype))
         self.meta.index_copy_(0, index, torch.stack([positions[:, 0], slots[:, 0].to(torch.int64)], dim=1))
-        self.head.add_(live.sum())
+        appended = live.sum()
+        self.head.add_(appended)
         if not capturing(features):
-            self._count(int(live.sum()))
+            self.count(int(appended))
 
-    def count_replayed(self, rows: int) -> None:
-        """After a replay of a captured plain step over `rows` real rows (its graph appended them)."""
-        self._count(rows)
-
-    def _count(self, rows: int) -> None:
+    def count(self, rows: int) -> None:
+        """`rows` rows were appended: by `add` run eagerly, or by a replay of a captured plain step."""
         self.rows += rows
         if self.rows > self.capacity // 2:    # room left for any step's rows (`add` refuses more)
             self.flush()
@@ -307,7 +305,7 @@ class DFlashProposer(Proposer):
         step's (one row each, no drafts) is deferred (`DeferredContext`)."""
         width = path_features.shape[1]
         if width == 1:       # the root is always kept: its slot needs no mask by accept_len
-            self.deferred.add(path_features, inputs.positions(1), inputs.slots(1), inputs.all_greedy)
+            self.deferred.add(path_features, inputs.positions(1), inputs.slots(1))
             return
         self.drafter.write_context(path_features, inputs.positions(width), inputs.slots(width, accept_len + 1),
                                    self.cache)
@@ -317,8 +315,8 @@ class DFlashProposer(Proposer):
             with torch.inference_mode():
                 self.deferred.flush()
 
-    def after_plain_replay(self, batch_size: int, all_greedy: bool, rows: int) -> None:
-        self.deferred.count_replayed(rows)
+    def after_plain_replay(self, rows: int) -> None:
+        self.deferred.count(rows)
 
 
 def build_proposer(config, target_config):

@@ -26,8 +26,8 @@ def test_rows_are_written_first_in_first_out_in_one_call():
     calls = []
     deferred = ring(calls)
     f1, f2 = torch.randn(2, 1, 5), torch.randn(3, 1, 5)
-    deferred.add(f1, torch.tensor([[4], [9]]), torch.tensor([[40], [90]]), True)
-    deferred.add(f2, torch.tensor([[5], [10], [2]]), torch.tensor([[41], [91], [22]]), False)
+    deferred.add(f1, torch.tensor([[4], [9]]), torch.tensor([[40], [90]]))
+    deferred.add(f2, torch.tensor([[5], [10], [2]]), torch.tensor([[41], [91], [22]]))
     assert calls == [] and deferred.rows == 5
     deferred.flush()
     (features, positions, slots), = calls
@@ -42,30 +42,30 @@ def test_the_ring_writes_out_at_half_full_and_keeps_order_across_its_end():
     deferred = ring(calls, capacity=8)
     rows = [torch.randn(3, 1, 5) for _ in range(5)]
     for i, f in enumerate(rows):                                  # 3 rows a step: out at 6 (> 4), then at 12
-        deferred.add(f, 10 * i + torch.arange(1, 4)[:, None], 100 + 10 * i + torch.arange(3)[:, None], False)
+        deferred.add(f, 10 * i + torch.arange(1, 4)[:, None], 100 + 10 * i + torch.arange(3)[:, None])
     assert [len(c[0]) for c in calls] == [6, 6] and deferred.rows == 3
     deferred.flush()
     written = torch.cat([c[0] for c in calls])
     assert torch.equal(written, torch.cat(rows))                  # in order, though the ring wrapped
     assert torch.cat([c[1] for c in calls])[:, 0].tolist() == [10 * i + j for i in range(5) for j in (1, 2, 3)]
     with pytest.raises(ValueError, match="exceeds half"):
-        deferred.add(torch.randn(5, 1, 5), torch.ones(5, 1, dtype=torch.long), torch.ones(5, 1, dtype=torch.long), False)
+        deferred.add(torch.randn(5, 1, 5), torch.ones(5, 1, dtype=torch.long), torch.ones(5, 1, dtype=torch.long))
 
 
 def test_a_captured_plain_step_appends_its_live_rows_and_a_replay_only_counts_them(monkeypatch):
     """The capture path on CPU tensors (capture stood in for): inside a capture `add` appends on
-    the device and counts nothing; after each replay `count_replayed` counts the real rows. A
+    the device and counts nothing; after each replay `count` counts the real rows. A
     bucket's padding rows (position 0) go to the scratch row, so the ring holds only live rows
     and the host's count matches the device's write position."""
     calls = []
     deferred = ring(calls)
     monkeypatch.setattr(proposers, "capturing", lambda t: True)
     first, second = torch.randn(4, 1, 5), torch.randn(4, 1, 5)   # two replays of a bucket of 4
-    deferred.add(first, torch.tensor([[5], [6], [7], [0]]), torch.tensor([[50], [60], [70], [0]]), False)
+    deferred.add(first, torch.tensor([[5], [6], [7], [0]]), torch.tensor([[50], [60], [70], [0]]))
     assert deferred.rows == 0
-    deferred.count_replayed(3)
-    deferred.add(second, torch.tensor([[8], [9], [0], [0]]), torch.tensor([[80], [90], [0], [0]]), False)
-    deferred.count_replayed(2)
+    deferred.count(3)
+    deferred.add(second, torch.tensor([[8], [9], [0], [0]]), torch.tensor([[80], [90], [0], [0]]))
+    deferred.count(2)
     monkeypatch.undo()
     assert deferred.rows == 5 and int(deferred.head) == 5
     deferred.flush()
@@ -90,10 +90,10 @@ def drafter_cache(engine) -> tuple[torch.Tensor, torch.Tensor]:
 
 def immediate_writes(monkeypatch):
     """The engine as before deferral: every plain step writes its context at once."""
-    def add(self, features, positions, slots, all_greedy):
+    def add(self, features, positions, slots):
         self.write(features, positions, slots)      # (inside a captured graph: a captured write)
     monkeypatch.setattr(DeferredContext, "add", add)
-    monkeypatch.setattr(DeferredContext, "count_replayed", lambda self, *args: None)
+    monkeypatch.setattr(DeferredContext, "count", lambda self, *args: None)
 
 
 @pytest.mark.parametrize("graphs, overlap", [(False, False), (True, False), (True, True)])
@@ -151,7 +151,8 @@ def test_a_later_prompt_is_not_overwritten_by_an_earlier_requests_late_rows(qwen
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="real CUDA-graph capture (the ring itself is tested on CPU above); "
-                                             "passed on an H100: bench/results/gpu_session_i/call1/cuda_tests_log.txt")
+                                             "its staging predecessor passed on an H100 (bench/results/gpu_session_m/"
+                                             "call1/cuda_tests_log.txt); the ring's run is bench/gpu_session_n.sh")
 def test_captured_plain_steps_append_their_rows(qwen3_dir, drafter, monkeypatch):
     """Replays of captured plain steps append exactly their live rows: the device's write
     position equals the host's count (capture and timing replays, all padding, appended none)."""

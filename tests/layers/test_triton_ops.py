@@ -148,7 +148,8 @@ def test_the_running_torchs_cuda_order_is_modelled():
     if DEVICE != "cuda":
         # It asks the running CUDA torch which order it uses (the detection itself is tested on
         # CPU above); the device runs cover it (bench/gpu_session_d.sh runs tests/layers on CUDA:
-        # passed on an H100, bench/results/gpu_session_e/call1_cuda_tests.xml).
+        # passed on an H100, bench/results/gpu_session_e/call1_cuda_tests.xml; again in
+        # bench/results/gpu_session_m/call1/cuda_tests_log.txt).
         pytest.skip("needs the CUDA torch whose reduction order is detected")
     assert triton_ops.cuda_order_variant(DEVICE) is not None
 

@@ -24,3 +24,13 @@ compare_static() {
     grep -v -i "warn\|token indices" /tmp/log_cs.txt | tail -6
   done
 }
+# start_server NAME PORT [serve flags…]: `blockspec serve` of the bundled pair (CUDA, bf16, 64 requests in
+# flight) in the background, logging to /tmp/server_NAME.log; waits for /health (≤ 150 s) and sets
+# SERVER (its pid) and SERVER_UP_S (seconds it took).
+start_server() {
+  local NAME=$1 PORT=$2; shift 2
+  python3 -m blockspec.cli serve --device cuda --dtype bfloat16 --port $PORT --max-running-requests 64 "$@" \
+      > "/tmp/server_$NAME.log" 2>&1 &
+  SERVER=$!
+  for SERVER_UP_S in $(seq 1 150); do curl -sf http://127.0.0.1:$PORT/health > /dev/null && break; sleep 1; done
+}

@@ -8,12 +8,8 @@
 # The tree kernels' CUDA tests run first.
 # Usage on the device machine, from the repo root:  bash bench/gpu_serve_ddtree.sh
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD/.carry/site:$PWD
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 DEADLINE=${DEADLINE:-560}
-left() { echo $(( DEADLINE - SECONDS )); }
-nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/device.txt"
+source bench/device_prelude.sh
 # First the tree kernels' CUDA tests (the default may only switch to trees verified by kernels that pass).
 timeout ${TEST_S:-60} python3 -m pytest -q -p no:cacheprovider -rfE tests/attention/test_walk_kernel.py \
     tests/attention/test_children_kernel.py "tests/test_ddtree.py::test_sampled_tree_verified_by_the_kernels_equals_the_reference" \
@@ -23,11 +19,8 @@ PORT=8123
 for NAME in ${SERVERS:-dflash ddtree}; do
   [ "$(left)" -lt 120 ] && { echo "skipped $NAME: $(left) s left"; continue; }
   EXTRA=""; [ "$NAME" = ddtree ] && EXTRA="--spec ddtree --budget 16"
-  python3 -m blockspec.cli serve --device cuda --dtype bfloat16 --port $PORT --max-running-requests 64 $EXTRA \
-      > "/tmp/server_$NAME.log" 2>&1 &
-  SERVER=$!
-  for i in $(seq 1 150); do curl -sf http://127.0.0.1:$PORT/health > /dev/null && break; sleep 1; done
-  echo "== $NAME: server up after ${i} s"
+  start_server $NAME $PORT $EXTRA
+  echo "== $NAME: server up after ${SERVER_UP_S} s"
   timeout $(( $(left) / 2 < ${SERVE_S:-130} ? $(left) / 2 : ${SERVE_S:-130} )) python3 -m blockspec.cli bench serve --url http://127.0.0.1:$PORT \
       --dataset sharegpt --num-prompts ${PROMPTS:-24} --concurrency ${CONC:-1,16,64} --temperature 0,1.0 --max-tokens 128 \
       --no-progress --output-dir "/tmp/bench_serve_$NAME" 2>&1 | grep -v -i warn

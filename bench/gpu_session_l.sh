@@ -9,13 +9,8 @@
 # Needs .whl (fastapi, uvicorn, pydantic… for Python 3.12) and .carry/site (bash bench/make_carry.sh --site-only).
 # Usage on the device machine, from the repo root:  bash bench/gpu_session_l.sh
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD/.carry/site:$PWD
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 DEADLINE=${DEADLINE:-545}
-left() { echo $(( DEADLINE - SECONDS )); }
-cap() { local want=$1 l; l=$(left); [ "$l" -lt "$want" ] && want=$l; echo $(( want > 0 ? want : 1 )); }
-nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/device.txt"
+source bench/device_prelude.sh
 timeout $(cap ${TEST_S:-110}) python3 -m pytest -q -p no:cacheprovider -rfE tests/attention/test_tree_kernel.py \
     tests/attention/test_walk_kernel.py tests/attention/test_children_kernel.py tests/test_seeded_sampling.py::test_kernel_equals_the_torch_reference \
     tests/test_seeded_sampling.py::test_the_top_hash_value_gives_finite_noise "tests/test_ddtree.py::test_greedy_tree_walked_by_the_kernel_equals_plain" \
@@ -31,11 +26,8 @@ bench() {  # $1 url, $2 output dir
 for NAME in ${SERVERS:-ddtree dflash}; do
   [ "$(left)" -lt 130 ] && { echo "skipped $NAME: $(left) s left"; continue; }
   EXTRA=""; [ "$NAME" = ddtree ] && EXTRA="--spec ddtree --budget 16"
-  python3 -m blockspec.cli serve --device cuda --dtype bfloat16 --port $PORT --max-running-requests 64 $EXTRA \
-      > "/tmp/server_$NAME.log" 2>&1 &
-  SERVER=$!
-  for i in $(seq 1 150); do curl -sf http://127.0.0.1:$PORT/health > /dev/null && break; sleep 1; done
-  echo "== $NAME: server up after ${i} s; warm-up bench:"
+  start_server $NAME $PORT $EXTRA
+  echo "== $NAME: server up after ${SERVER_UP_S} s; warm-up bench:"
   bench http://127.0.0.1:$PORT /tmp/warm_$NAME | head -9
   echo "== $NAME measured:"
   bench http://127.0.0.1:$PORT /tmp/bench_serve_$NAME

@@ -141,8 +141,8 @@ def main() -> int:
     replay_ms = {}
     if args.device == "cuda":        # each graph's replay alone (GPU work, gaps between kernels included)
         for label, engine in (("plain", plain), ("spec", spec)):
-            replay_ms[label] = {f"b{b} w{w}{' greedy' if g else ''}": round(t * 1e3, 4)
-                                for (b, w, g), t in sorted(engine.graphed.replay_seconds().items()) if b in batches}
+            replay_ms[label] = {f"b{b} w{w} {v}": round(t * 1e3, 4)
+                                for (b, w, v), t in sorted(engine.graphed.replay_seconds().items()) if b in batches}
             print(label, "graph replay ms:", json.dumps(replay_ms[label]), flush=True)
     rows = []
     for batch in batches:

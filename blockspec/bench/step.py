@@ -29,7 +29,7 @@ from blockspec.kv.allocator import PageAllocator, PageTable
 from blockspec.layers import RotaryEmbedding
 from blockspec.models.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids
 from blockspec.models.registry import architecture_of, model_class_for
-from blockspec.sampling import SamplingParams
+from blockspec.sampling import SamplingParams, sampling_variant
 from blockspec.speculative.proposers import DFlashProposer, Proposer
 from blockspec.speculative.step import SpeculativeStep
 from blockspec.speculative.tree import DraftTree, build_tree, chain_tree
@@ -221,8 +221,7 @@ class StepHarness:
         step's device time. None without graphs."""
         if self.graphed is None:
             return None
-        greedy = all(s.params.greedy for s in self.seqs)
-        graph = self.graphed.static[len(self.seqs), greedy].graph
+        graph = self.graphed.static[len(self.seqs), sampling_variant([s.params for s in self.seqs])].graph
         for _ in range(warmup):
             graph.replay()
         _sync(self.device)

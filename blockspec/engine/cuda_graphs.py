@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from blockspec.batch import PackedStep, StepInputs, unpack_decode
+from blockspec.sampling import SAMPLING_VARIANTS, sampling_variant
 from blockspec.speculative.step import packed_result
 from blockspec.speculative.tree import PAD_PARENT, ROOT_PARENT, DraftTree
 
@@ -56,7 +57,7 @@ class _Static:
 
     packed: PackedStep
     tree: DraftTree
-    all_greedy: bool
+    variant: str                       # SAMPLING_VARIANTS: what verification computes
     outputs: tuple | None = None       # (VerifyResult, num_nodes, the packed result rows)
     graph: torch.cuda.CUDAGraph | None = None
 
@@ -93,7 +94,7 @@ class GraphedStep:
     def replays(self) -> int:
         return self._replays[0]
 
-    def _buffers(self, bs: int, all_greedy: bool) -> _Static:
+    def _buffers(self, bs: int, variant: str) -> _Static:
         dev, W = self.device, self.width
         packed = PackedStep.empty(bs, self.max_pages, self.num_uniforms, dev)
         tokens = torch.zeros(bs, W, dtype=torch.long, device=dev)
@@ -102,22 +103,23 @@ class GraphedStep:
         tree = DraftTree(tokens, parents, torch.zeros(bs, W, dtype=torch.long, device=dev),
                          torch.zeros(bs, dtype=torch.long, device=dev), torch.zeros(bs, W, device=dev),
                          max_depth=W - 1, is_chain=not self.tree_shaped)
-        return _Static(packed, tree, all_greedy)
+        return _Static(packed, tree, variant)
 
     @torch.inference_mode()
     def capture(self) -> None:
         """Capture every bucket, largest first so smaller ones reuse its memory pool; each bucket
-        twice: for all-greedy batches (no filters) and for batches with sampled rows. What is
-        captured starts from the packed buffers: unpacking them is part of the graph."""
+        once per sampling variant (`SAMPLING_VARIANTS`): all-greedy batches, sampled ones without
+        filters, and with. What is captured starts from the packed buffers: unpacking them is
+        part of the graph."""
         start = time.perf_counter()
-        for bs, all_greedy in [(bs, g) for bs in sorted(self.buckets, reverse=True) for g in (True, False)]:
-            st = self._buffers(bs, all_greedy)
+        for bs, variant in [(bs, v) for bs in sorted(self.buckets, reverse=True) for v in SAMPLING_VARIANTS]:
+            st = self._buffers(bs, variant)
             if self.device.type != "cuda":
-                self.static[bs, all_greedy] = st
+                self.static[bs, variant] = st
                 continue
             st.graph, st.outputs = capture_graph(lambda: self._step(st, bs), self.pool)
             self.pool = st.graph.pool()
-            self.static[bs, all_greedy] = st
+            self.static[bs, variant] = st
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
@@ -130,7 +132,8 @@ class GraphedStep:
     def _step(self, st: _Static, bs: int):
         """What is captured: unpack the static inputs, the step, the packed result rows, and
         the carry (each row's next prefix and root) for a step launched before this one is read."""
-        inputs = unpack_decode(st.packed, self.page_size, (), st.all_greedy, self.carry)
+        inputs = unpack_decode(st.packed, self.page_size, (), st.variant == "greedy", self.carry)
+        inputs.sampling.filters = st.variant == "filtered"
         result, num_nodes = self.fn(inputs, self._tree_arg(st))
         self.carry[0, :bs].copy_(inputs.prefix_lens + result.accept_len + 1)
         self.carry[1, :bs].copy_(result.committed.gather(1, result.accept_len[:, None])[:, 0])
@@ -148,14 +151,14 @@ class GraphedStep:
             st.outputs = self._step(st, bs)
 
     @torch.inference_mode()
-    def replay_seconds(self, reps: int = 5) -> dict[tuple[int, bool], float]:
-        """(bucket, all greedy) → seconds per replay of that graph on the inputs it was captured
+    def replay_seconds(self, reps: int = 5) -> dict[tuple[int, str], float]:
+        """(bucket, sampling variant) → seconds per replay of that graph on the inputs it was captured
         with (every row padding: no context, page 0), the median of `reps` replays after one,
         timed with CUDA events: the step's GPU work alone. (On a CPU, the static-buffer step on
         the wall clock.) Run before serving: the replays overwrite the carry, so no step may be
         in flight."""
         times = {}
-        for (bs, greedy), st in self.static.items():
+        for (bs, variant), st in self.static.items():
             samples = []
             for i in range(reps + 1):
                 if st.graph is not None:
@@ -171,7 +174,7 @@ class GraphedStep:
                     seconds = time.perf_counter() - begin
                 if i:
                     samples.append(seconds)
-            times[bs, greedy] = sorted(samples)[len(samples) // 2]
+            times[bs, variant] = sorted(samples)[len(samples) // 2]
         return times
 
     def can_run(self, batch_size: int, needs_eager: str | None = None) -> bool:
@@ -201,7 +204,8 @@ class GraphedStep:
             raise ValueError("graphed steps take decode inputs (batch.decode_inputs), which carry their packed form")
         if inputs.needs_eager is not None:
             raise ValueError(f"a step with {inputs.needs_eager} cannot replay a graph captured without them")
-        st = self.static[self.bucket_for(B), inputs.all_greedy]
+        variant = "greedy" if inputs.all_greedy else "filtered" if inputs.sampling.filters else "sampled"
+        st = self.static[self.bucket_for(B), variant]
         packed, stree = inputs.packed, st.tree
         P = packed.page_table.shape[1]
         if P > self.max_pages:
@@ -226,7 +230,7 @@ class GraphedStep:
         Returns the packed result rows `[B, 2 + 2W]` (static buffer: read before the next replay)."""
         B = len(seqs)
         bs = self.bucket_for(B)
-        st = self.static[bs, all(s.params.greedy for s in seqs)]
+        st = self.static[bs, sampling_variant([s.params for s in seqs])]
         host = PackedStep.empty(bs, self.max_pages, self.num_uniforms, pin=self.device.type == "cuda")
         host.fill(seqs, uniforms, previous_rows)
         st.packed.flat.copy_(host.flat, non_blocking=True)
@@ -259,11 +263,11 @@ class WidthGraphs:
             log.info("CUDA graphs for %d verify widths %s captured in %.1f s", len(widths), sorted(widths),
                      self.capture_seconds)
 
-    def replay_seconds(self, reps: int = 5) -> dict[tuple[int, int, bool], float]:
-        """(bucket, width, all greedy) → seconds per replay of that graph (`GraphedStep.replay_seconds`),
+    def replay_seconds(self, reps: int = 5) -> dict[tuple[int, int, str], float]:
+        """(bucket, width, sampling variant) → seconds per replay of that graph (`GraphedStep.replay_seconds`),
         for the adaptive policy's priors (`StepCostModel.set_priors`)."""
-        return {(bs, width, greedy): t for width, graphed in self.by_width.items()
-                for (bs, greedy), t in graphed.replay_seconds(reps).items()}
+        return {(bs, width, variant): t for width, graphed in self.by_width.items()
+                for (bs, variant), t in graphed.replay_seconds(reps).items()}
 
     def at(self, width: int) -> GraphedStep:
         if width not in self.by_width:

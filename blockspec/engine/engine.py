@@ -140,6 +140,8 @@ class Engine:
             warm_up_prefill(self.runner, self.proposer, config.page_size,
                             min(config.max_prefill_tokens, self.max_model_len))
         self.overlap = overlap_wanted and self.graphed is not None and self.spec_step.drafts_on_device
+        if self.policy is not None:
+            self.policy.overlapped = self.overlap
         if overlap_wanted and not self.overlap:
             log.info("overlapped decoding is off: %s", "drafts are made on the host" if self.graphed else "no CUDA graphs")
         self.scheduler = Scheduler(self.allocator, config.max_running_requests, config.max_prefill_tokens, lookahead,

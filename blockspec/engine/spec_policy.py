@@ -32,8 +32,9 @@ they add at most that share of the time:
   step observes none), so a request whose drafts turn good again is noticed; at the full width
   every step observes everything;
 - cost re-timings: at least `retime_interval` steps apart and when the credit covers it, two
-  steps run another candidate in turn (the second is timed, below), so one unlucky timing cannot
-  lock a width out;
+  steps run another candidate in turn (the second is timed, below), three when the engine
+  overlaps steps (the middle one is timed: the last one's interval holds the next width's
+  launch), so one unlucky timing cannot lock a width out;
 - first looks: a batch holding a request never run at the full width runs it once, so a new
   request's own acceptance decides, not only its class's figure: in batches of at most
   `LOOK_FREE_ROWS` always (not from the credit) while looks change the choice often enough to
@@ -68,6 +69,7 @@ from blockspec.engine.acceptance import AcceptanceModel, ema, temperature_class
 from blockspec.engine.config import SPEC_POLICIES
 from blockspec.engine.sequence import Status
 from blockspec.engine.step_cost import StepCostModel, best_width
+from blockspec.sampling import sampling_variant
 
 log = logging.getLogger("blockspec.spec_policy")
 _request_id, _status = attrgetter("request_id"), attrgetter("status")
@@ -113,7 +115,11 @@ class SpecPolicy:
         self.probe_interval, self._since_probe, self._before_probe = probe_interval, 0, None
         self._probes = 0                           # cost probes run: which candidate the next one times
         self.retime_interval, self._steps = retime_interval, 0
-        self._retime_next: int | None = None      # a cost re-timing's second (timed) step
+        self._retime_next: tuple[int, int] | None = None   # a cost re-timing's width, steps left
+        # Overlapped (set by the engine), a step is timed only when the next one launched at its
+        # width: a re-timing of two steps was never timed (on the H100 plain's figure went stale
+        # at a cold bucket's value, 1.5× its steady cost, and chain 4 won at T = 1 where it loses).
+        self.overlapped = False
         self.choices: Counter = Counter()         # config name → steps (logged with the cost table)
         self._names: dict[int, str] = {}          # width → `name(width)`, kept (asked every step)
         self.host_seconds = 0.0                   # the policy's own time (choose + observe)
@@ -149,11 +155,12 @@ class SpecPolicy:
             self._look_wanted = not self._looked.issuperset(ids)
         # Rows' classes only for requests the model has not seen (a per-row call costs ≈ 0.4 µs).
         totals = self.acceptance.expected_totals(ids, lambda i: temperature_class(seqs[i].params))
-        costs, to_time = self._costs_or_width_to_time(B, totals, lambda: all(s.params.greedy for s in seqs))
+        costs, to_time = self._costs_or_width_to_time(B, totals, lambda: sampling_variant([s.params for s in seqs]))
         if to_time is not None:
             return to_time
-        if self._retime_next is not None:         # a re-timing's second step (the timed one)
-            width, self._retime_next = self._retime_next, None
+        if self._retime_next is not None:         # a re-timing's further steps (one of them timed)
+            width, left = self._retime_next
+            self._retime_next = (width, left - 1) if left > 1 else None
             return width
         width = best_width(totals, costs)
         if self._before_probe is not None:        # the step after a probe or look: did it change anything?
@@ -179,10 +186,11 @@ class SpecPolicy:
             table = self.cost.table(B)
             untimed = [w for w in others if table[w] is None]
             other = untimed[-1] if untimed else others[self._probes % len(others)]
-            spend = 2 * max(costs[other] - costs[width], 0.0)
+            steps = 3 if self.overlapped else 2
+            spend = steps * max(costs[other] - costs[width], 0.0)
             if self._credit >= spend or self._steps >= MAX_PROBE_SPACING:
                 self._credit = max(self._credit - spend, 0.0)
-                self._steps, self._probes, self._retime_next = 0, self._probes + 1, other
+                self._steps, self._probes, self._retime_next = 0, self._probes + 1, (other, steps - 1)
                 return other
         if width < self.full_width:       # (a due re-timing saves the credit up: only free looks go first)
             spend = costs[self.full_width] - costs[width]
@@ -210,7 +218,7 @@ class SpecPolicy:
         return width
 
     def _costs_or_width_to_time(self, B: int, totals: dict[int, float],
-                                all_greedy=lambda: False) -> tuple[dict, int | None]:
+                                variant=lambda: "sampled") -> tuple[dict, int | None]:
         """(the bucket's cost per width, None), or (its partial table, the next width it must
         time first): the full width
         (its steps observe every draft position, so acceptance is known early; unless a smaller
@@ -223,8 +231,8 @@ class SpecPolicy:
         an estimate) it is skipped, the estimate standing in for its cost (a cost re-timing
         reaches it later). On a CPU at T = 1 a 16-wide step costs 8 plain ones at batch 16, and
         timing every width of a cold bucket took 8 s of a 20 s run; on the H100 a cold bucket
-        of 64 rows spent 15 of a 50-step run timing widths. `all_greedy()`: whether the batch
-        is all greedy (which priors apply), asked only here, on a cold bucket."""
+        of 64 rows spent 15 of a 50-step run timing widths. `variant()`: the batch's sampling
+        variant (which priors apply), asked only here, on a cold bucket."""
         table = self.cost.table(B)
         costs = {w: table[w] for w in self.widths}
         if None not in costs.values():            # a warm bucket: every step but the first few
@@ -241,14 +249,14 @@ class SpecPolicy:
             return costs, self.full_width
         timed = {w: c for w, c in costs.items() if c is not None}
         best_rate = max((totals[w] / c for w, c in timed.items()), default=None)
-        greedy = all_greedy() if self.cost.priors else False
+        kind = variant() if self.cost.priors else "sampled"
         for w in self.widths:
             if costs[w] is not None:
                 continue
             bound = max((c for v, c in timed.items() if v < w), default=None)
             if floors[w] is not None:
                 bound = max(bound or 0.0, floors[w])
-            estimate = self.cost.estimate_from_prior(B, w, greedy, timed)
+            estimate = self.cost.estimate_from_prior(B, w, kind, timed)
             if estimate is None and loses_there:
                 estimate = self.cost.estimate_from_neighbour(B, w, timed)
             if estimate is not None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from blockspec.sampling import SAMPLING_VARIANTS
+
 STALL_FACTOR = 50.0    # a timed step over this × its GPU prior is a stall, not a cost (`_stalled`)
 
 
@@ -55,9 +57,9 @@ class StepCostModel:
         self._tables: dict[int, dict[int, float | None]] = {}    # bucket → width → `measured`
         self._buckets: dict[int, int] = {}                        # batch size → `bucket_for`
         self.logged: set[int] = set()        # buckets whose table was logged
-        # (bucket, width, all greedy) → seconds of the step's GPU work alone, timed at startup
-        # (`set_priors`): what a width not yet timed on this bucket is estimated from.
-        self.priors: dict[tuple[int, int, bool], float] = {}
+        # (bucket, width, sampling variant) → seconds of the step's GPU work alone, timed at
+        # startup (`set_priors`): what a width not yet timed on this bucket is estimated from.
+        self.priors: dict[tuple[int, int, str], float] = {}
 
     def bucket_for(self, batch_size: int) -> int:
         """The bucket a batch pads to; past the largest, the batch size itself."""
@@ -89,13 +91,13 @@ class StepCostModel:
         return len(samples) == self.min_samples
 
     def _stalled(self, key: tuple[int, int], seconds: float) -> bool:
-        """A timing over STALL_FACTOR × the step's GPU prior (either variant) is not the
+        """A timing over STALL_FACTOR × the step's GPU prior (its dearest variant) is not the
         step's cost but a stall inside its interval (a compile, a collection, the process
         descheduled): dropped. Without priors (CPU) every timing is kept."""
         if not self.priors:
             return False
         bucket, width = key
-        prior = max(self.priors.get((bucket, width, False), 0.0), self.priors.get((bucket, width, True), 0.0))
+        prior = max(self.priors.get((bucket, width, v), 0.0) for v in SAMPLING_VARIANTS)
         return prior > 0 and seconds > STALL_FACTOR * prior
 
     def measured(self, batch_size: int, width: int) -> float | None:
@@ -126,8 +128,8 @@ class StepCostModel:
                 floor = t
         return floor
 
-    def set_priors(self, priors: dict[tuple[int, int, bool], float]) -> None:
-        """GPU seconds per (bucket, width, all greedy) step, e.g. CUDA-graph replays timed at
+    def set_priors(self, priors: dict[tuple[int, int, str], float]) -> None:
+        """GPU seconds per (bucket, width, sampling variant) step, e.g. CUDA-graph replays timed at
         startup (`cuda_graphs.WidthGraphs.replay_seconds`). They never enter the table: a
         step's cost is its wall interval, host work included. They only estimate an untimed
         width from a timed one (`estimate_from_prior`)."""
@@ -137,7 +139,7 @@ class StepCostModel:
                                  f"time of a known bucket ({self.buckets}) and width ({self.widths})")
         self.priors = dict(priors)
 
-    def estimate_from_prior(self, batch_size: int, width: int, all_greedy: bool,
+    def estimate_from_prior(self, batch_size: int, width: int, variant: str,
                             timed: dict[int, float]) -> float | None:
         """An untimed width's cost: a timed width's wall time plus the GPU time the priors say
         the step adds (or saves) going from that width to this one, from the timed width
@@ -145,11 +147,11 @@ class StepCostModel:
         (launch, commit) carries over unchanged: where overlapped host work hides part of the
         GPU's, this overstates a wider width's cost, and a re-timing corrects it."""
         bucket = self.bucket_for(batch_size)
-        prior = self.priors.get((bucket, width, all_greedy))
+        prior = self.priors.get((bucket, width, variant))
         if prior is None or not timed:
             return None
         base = _base_width(width, timed)
-        base_prior = self.priors.get((bucket, base, all_greedy))
+        base_prior = self.priors.get((bucket, base, variant))
         if base_prior is None:
             return None
         return max(timed[base] + prior - base_prior, 1e-9)
@@ -181,9 +183,9 @@ class StepCostModel:
     def format_priors(self) -> str:
         """The priors as one line per bucket (ms), for the startup log."""
         rows = {}
-        for (bucket, width, greedy), seconds in sorted(self.priors.items()):
-            rows.setdefault((bucket, greedy), []).append(f"w{width} {seconds * 1e3:.3f}")
-        return "; ".join(f"bucket {b}{' greedy' if g else ''}: {', '.join(cells)}" for (b, g), cells in rows.items())
+        for (bucket, width, variant), seconds in sorted(self.priors.items()):
+            rows.setdefault((bucket, variant), []).append(f"w{width} {seconds * 1e3:.3f}")
+        return "; ".join(f"bucket {b} {v}: {', '.join(cells)}" for (b, v), cells in rows.items())
 
     def drafter_seconds(self, batch_size: int) -> float | None:
         """The drafter's share of a step: cost(width 2) − cost(width 1), when both are measured."""

@@ -22,7 +22,8 @@ def run(engine, requests):
     return got
 
 
-def requests(n=7):
+def requests(n=7, top_p=0.9):
+    """`n` requests, greedy and seeded sampled (at `top_p`) in turn."""
     gen = torch.Generator().manual_seed(5)
     out = []
     for i in range(n):
@@ -30,7 +31,7 @@ def requests(n=7):
         # The last (greedy) request outlives the others: its steps run as an all-greedy batch.
         n_tokens = 4 + 2 * i if i < n - 1 else 40
         params = (SamplingParams(temperature=0.0, max_tokens=n_tokens, ignore_eos=True) if i % 2 == 0 else
-                  SamplingParams(temperature=0.9, top_p=0.9, seed=100 + i, max_tokens=n_tokens, ignore_eos=True))
+                  SamplingParams(temperature=0.9, top_p=top_p, seed=100 + i, max_tokens=n_tokens, ignore_eos=True))
         out.append((f"r{i}", prompt, params))
     return out
 
@@ -65,7 +66,7 @@ def cycling_widths(monkeypatch) -> None:
 
 
 class GraphSpy:
-    """Stands in for an engine's `WidthGraphs`, recording (batch, bucket, all_greedy, width) of
+    """Stands in for an engine's `WidthGraphs`, recording (batch, bucket, sampling variant, width) of
     every graphed step and checking that padding rows point at page 0 only."""
 
     def __init__(self, graphs, check=None):
@@ -81,8 +82,9 @@ class GraphSpy:
             B, bucket = inputs.batch_size, graphed_fn.bucket_for(inputs.batch_size)
             out = graphed_fn(inputs, tree)
             # Padding rows (a batch of 3 in the bucket of 4) point at page 0 only: never a live page.
-            assert graphed_fn.static[bucket, inputs.all_greedy].packed.page_table[B:].eq(0).all()
-            self.used.append((B, bucket, inputs.all_greedy, width))
+            variant = "greedy" if inputs.all_greedy else "filtered" if inputs.sampling.filters else "sampled"
+            assert graphed_fn.static[bucket, variant].packed.page_table[B:].eq(0).all()
+            self.used.append((B, bucket, variant, width))
             return out
         spy.can_run = graphed_fn.can_run
         return spy

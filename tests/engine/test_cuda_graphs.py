@@ -13,7 +13,7 @@ import logging
 import pytest
 
 from blockspec.engine.cuda_graphs import batch_buckets
-from blockspec.sampling import SamplingParams
+from blockspec.sampling import SAMPLING_VARIANTS, SamplingParams
 from graph_fixtures import DEVICE, GraphSpy, cycling_widths, engine_for, requests, run
 
 BACKENDS = ["reference", "triton"] if DEVICE == "cuda" else ["reference"]
@@ -24,10 +24,10 @@ def test_buckets():
     assert batch_buckets(5) == [1, 2, 4, 5]
 
 
-def graphed_run(qwen3_dir, drafter, spec, max_bs, caplog, backend="reference", **settings):
-    """Outputs of the eager and the graphed engine, and the (batch, bucket, greedy, width) of
-    each graphed step."""
-    reqs = requests()
+def graphed_run(qwen3_dir, drafter, spec, max_bs, caplog, backend="reference", reqs=None, **settings):
+    """Outputs of the eager and the graphed engine on `reqs` (default `requests()`), and the
+    (batch, bucket, sampling variant, width) of each graphed step."""
+    reqs = reqs or requests()
     eager = run(engine_for(qwen3_dir, spec, drafter, graphs=False, backend=backend, **settings), reqs)
     graphed_engine = engine_for(qwen3_dir, spec, drafter, graphs=True, max_bs=max_bs, backend=backend, **settings)
     spy = graphed_engine.graphed = GraphSpy(graphed_engine.graphed)
@@ -42,8 +42,18 @@ def test_graphed_steps_equal_eager(qwen3_dir, drafter, spec, backend, caplog):
     eager, graphed, used = graphed_run(qwen3_dir, drafter, spec, 4, caplog, backend)
     assert graphed == eager
     assert {1, 2, 4} <= {bucket for _, bucket, _ in used}    # the batch shrank through every bucket
-    assert {True, False} <= {greedy for _, _, greedy in used}  # all-greedy batches and sampled ones
+    assert {v for _, _, v in used} == {"greedy", "filtered"}  # all-greedy batches and sampled ones (top_p)
     assert any("exceeds the largest CUDA graph" in r.message for r in caplog.records)  # 7 > 4: eager, logged
+
+
+@pytest.mark.parametrize("spec", ["none", "dflash"])
+def test_unfiltered_sampled_batches_replay_their_own_graphs(qwen3_dir, drafter, spec, caplog):
+    """A sampled batch that no row filters (T > 0, top_p 1, no top_k or min_p) replays the graphs
+    captured without the filters' sort, and commits what the eager step (which skips the sort
+    too) commits."""
+    eager, graphed, used = graphed_run(qwen3_dir, drafter, spec, 8, caplog, reqs=requests(top_p=1.0))
+    assert graphed == eager
+    assert {v for _, _, v in used} == {"greedy", "sampled"} and SAMPLING_VARIANTS == ("greedy", "sampled", "filtered")
 
 
 @pytest.mark.parametrize("spec", ["ngram", "dflash", "ddtree"])
@@ -57,7 +67,7 @@ def test_adaptive_width_graphs_equal_eager(qwen3_dir, drafter, spec, caplog, mon
 
 
 def test_startup_replays_time_every_graph_and_change_no_output(qwen3_dir, drafter, caplog, monkeypatch):
-    """The adaptive policy's priors: one time per (bucket, width, all greedy) graph, replayed on
+    """The adaptive policy's priors: one time per (bucket, width, sampling variant) graph, replayed on
     the captured inputs before serving; the engine's outputs after them equal eager ones (the
     replays write page 0 and the carry only). On CUDA the engine does this when it starts."""
     cycling_widths(monkeypatch)
@@ -65,7 +75,7 @@ def test_startup_replays_time_every_graph_and_change_no_output(qwen3_dir, drafte
     eager = run(engine_for(qwen3_dir, "dflash", drafter, graphs=False, spec_policy="adaptive"), reqs)
     engine = engine_for(qwen3_dir, "dflash", drafter, graphs=True, max_bs=4, spec_policy="adaptive")
     priors = engine.graphed.replay_seconds(reps=2)
-    assert set(priors) == {(b, w, g) for b in (1, 2, 4) for w in (1, 2, 4, 5) for g in (True, False)}
+    assert set(priors) == {(b, w, v) for b in (1, 2, 4) for w in (1, 2, 4, 5) for v in SAMPLING_VARIANTS}
     assert all(t > 0 for t in priors.values())
     engine.policy.cost.set_priors(priors)
     assert run(engine, reqs) == eager
@@ -75,7 +85,7 @@ def test_startup_replays_time_every_graph_and_change_no_output(qwen3_dir, drafte
 def test_padded_buckets_equal_eager(qwen3_dir, drafter, spec, caplog):
     eager, graphed, used = graphed_run(qwen3_dir, drafter, spec, 8, caplog)
     assert graphed == eager
-    assert (7, 8, False) in used                               # 7 rows padded to the bucket of 8
+    assert (7, 8, "filtered") in used                               # 7 rows padded to the bucket of 8
 
 
 @pytest.mark.parametrize("spec", ["none", "dflash"])

@@ -252,19 +252,19 @@ def test_a_cold_bucket_skips_widths_that_cannot_win_even_at_a_narrower_cost():
 
 def test_priors_estimate_an_untimed_width_from_a_timed_one():
     cost = StepCostModel([1, 2], [1, 2, 4, 8])
-    cost.set_priors({(2, 1, False): 1.0, (2, 2, False): 2.0, (2, 4, False): 2.1, (2, 8, False): 2.3,
-                     (2, 2, True): 1.2})
+    cost.set_priors({(2, 1, "sampled"): 1.0, (2, 2, "sampled"): 2.0, (2, 4, "sampled"): 2.1, (2, 8, "sampled"): 2.3,
+                     (2, 2, "greedy"): 1.2})
     # from the timed width nearest below (plain: 3.0 s timed), else the nearest above
-    assert cost.estimate_from_prior(2, 4, False, {1: 3.0, 8: 4.0}) == pytest.approx(3.0 + 2.1 - 1.0)
-    assert cost.estimate_from_prior(2, 2, False, {8: 4.0}) == pytest.approx(4.0 + 2.0 - 2.3)
-    assert cost.estimate_from_prior(2, 2, True, {1: 3.0}) is None          # no greedy prior for plain
-    assert cost.estimate_from_prior(1, 2, False, {1: 3.0}) is None         # no priors for bucket 1
-    assert cost.estimate_from_prior(2, 2, False, {}) is None
-    assert "bucket 2: w1 1000.000" in cost.format_priors()
+    assert cost.estimate_from_prior(2, 4, "sampled", {1: 3.0, 8: 4.0}) == pytest.approx(3.0 + 2.1 - 1.0)
+    assert cost.estimate_from_prior(2, 2, "sampled", {8: 4.0}) == pytest.approx(4.0 + 2.0 - 2.3)
+    assert cost.estimate_from_prior(2, 2, "greedy", {1: 3.0}) is None          # no greedy prior for plain
+    assert cost.estimate_from_prior(1, 2, "sampled", {1: 3.0}) is None         # no priors for bucket 1
+    assert cost.estimate_from_prior(2, 2, "sampled", {}) is None
+    assert "bucket 2 sampled: w1 1000.000" in cost.format_priors()
     with pytest.raises(ValueError, match="prior"):
-        cost.set_priors({(3, 1, False): 1.0})                              # not a bucket
+        cost.set_priors({(3, 1, "sampled"): 1.0})                              # not a bucket
     with pytest.raises(ValueError, match="prior"):
-        cost.set_priors({(2, 1, False): 0.0})
+        cost.set_priors({(2, 1, "sampled"): 0.0})
 
 
 def test_a_cold_bucket_skips_widths_the_priors_say_lose():
@@ -277,7 +277,7 @@ def test_a_cold_bucket_skips_widths_the_priors_say_lose():
     def widths_run(with_priors: bool) -> list[int]:
         policy = SpecPolicy("adaptive", 8, False, [1, 2, 4])
         if with_priors:
-            policy.cost.set_priors({(2, w, True): s for w, s in priors.items()})
+            policy.cost.set_priors({(2, w, "greedy"): s for w, s in priors.items()})
         seqs = [SimpleNamespace(request_id=f"r{i}", status=Status.RUNNING,
                                 params=SimpleNamespace(greedy=True, temperature=0.0, seed=None)) for i in range(2)]
         clock, order = 0.0, []
@@ -297,7 +297,7 @@ def test_a_cold_bucket_skips_widths_the_priors_say_lose():
 
 def test_a_timing_far_over_its_prior_is_a_stall_and_dropped():
     cost = StepCostModel([1, 2], [1, 4], discard=0, min_samples=2)
-    cost.set_priors({(1, 4, True): 0.001, (1, 1, False): 0.0005})
+    cost.set_priors({(1, 4, "greedy"): 0.001, (1, 1, "sampled"): 0.0005})
     for seconds in (4.7, 0.002, 0.003):        # a 4.7 s compile inside a 1 ms step's interval
         cost.observe(1, 4, seconds)
     assert cost.measured(1, 4) == 0.002
@@ -503,3 +503,32 @@ def test_a_buckets_cost_table_is_logged_once_when_its_last_width_is_timed(caplog
             clock += 0.001
             policy.observe(one, w, step, now=clock)
     assert len(caplog.records) == 1 and "policy host time" in caplog.records[0].getMessage()
+
+
+def _overlapped_run(policy, cost_of_width, steps):
+    """Drive `policy` as an overlapped engine does: step k+1's width is chosen and launched before
+    step k is observed (`next_width`); every step of an adversary's drafts is rejected."""
+    seqs = [SimpleNamespace(request_id="r", status=Status.RUNNING, params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
+    policy._looked.add("r")
+    clock, in_flight = 0.0, None
+    for _ in range(steps):
+        w = policy.choose(seqs)
+        if in_flight is not None:
+            clock += cost_of_width(in_flight)
+            policy.observe(seqs, in_flight, StepResult([[0]], [0], [in_flight - 1], [[]]), now=clock, next_width=w)
+        in_flight = w
+
+
+@pytest.mark.parametrize("overlapped", [True, False])
+def test_an_overlapped_engines_cost_retimings_are_timed(whole_budget, overlapped):
+    """Overlapped, a step is timed only when the next one launched at its width, so a re-timing
+    runs three steps: every width's figure keeps getting fresh samples. Told it is not overlapped
+    (two-step re-timings), the same run times nothing after the cold bucket's first timings."""
+    policy = SpecPolicy("adaptive", 8, False, [1])
+    policy.overlapped = overlapped
+    _overlapped_run(policy, lambda w: 0.01 * (1 + 0.1 * w), steps=64 * 40)
+    seen = {w: policy.cost._seen.get((1, w), 0) for w in (2, 4, 8)}
+    if overlapped:
+        assert min(seen.values()) >= 4, seen          # cold timings (2–3) and re-timings since
+    else:
+        assert max(seen.values()) <= 3, seen

@@ -163,23 +163,23 @@ def test_a_narrow_step_walks_only_its_own_levels(qwen3_dir, tmp_path, temperatur
 
 
 @pytest.mark.parametrize("spec_verify", ["target-only", "rejection"])
-def test_a_plain_step_draws_only_the_uniform_it_reads(qwen3_dir, tmp_path, spec_verify, monkeypatch):
-    """Width 1 reads one uniform per row (`plain_uniform`): the engine draws that one and leaves
-    the rest of the row's layout zero; a wider step draws every column. (The laws stay exact:
+def test_a_plain_step_draws_one_uniform_per_row(qwen3_dir, tmp_path, spec_verify, monkeypatch):
+    """Width 1 reads one uniform per row (`uniforms_at`): the engine draws `[B, 1]`, a plain
+    engine's layout; a wider step draws its whole layout. (The laws stay exact:
     test_adaptive_widths_keep_sampling_exact cycles through width 1.)"""
     drafter = write_dflash_drafter(tmp_path / "drafter", qwen3_dir, block_size=6)
     widths = itertools.cycle([1, 6])
     monkeypatch.setattr(SpecPolicy, "choose", lambda self, seqs: next(widths))
     llm = LLM(model=qwen3_dir, spec="dflash", draft_model=str(drafter), spec_verify=spec_verify)
     step = llm.engine.spec_step
-    drawn = []
-    real = llm.engine._uniforms
-    monkeypatch.setattr(llm.engine, "_uniforms", lambda *a: drawn.append(real(*a)) or drawn[-1])
+    decode, decoding = [], []
+    real, real_step = llm.engine._uniforms, llm.engine._decode_step
+    monkeypatch.setattr(llm.engine, "_uniforms", lambda *a: (u := real(*a), decoding and decode.append(u))[0])
+    monkeypatch.setattr(llm.engine, "_decode_step", lambda seqs: (decoding.append(1), real_step(seqs), decoding.clear())[1])
     llm.generate(prompts_for(512, [9, 7], seed=4), SamplingParams(temperature=0.8, max_tokens=8, ignore_eos=True))
-    decode = [u for u in drawn if u.shape[1] == step.uniforms_per_row]
+    decode = [u for u in decode if len(u) == 2]       # (the batch's last steps may hold one row)
     plain, wide = decode[0::2], decode[1::2]
-    assert plain and wide
-    for u in plain:
-        assert (u[:, step.plain_uniform] > 0).all() and u.count_nonzero() == u.shape[0]
-    assert all((u > 0).all() for u in wide)
-    assert step.uniform_columns(6) is None
+    assert plain and wide and step.uniforms_per_row > 1
+    assert all(u.shape == (2, 1) and (u > 0).all() for u in plain)
+    assert all(u.shape == (2, step.uniforms_per_row) and (u > 0).all() for u in wide)
+    assert step.uniforms_at(6) == step.uniforms_per_row and step.uniforms_at(1) == 1

@@ -243,8 +243,9 @@ class WidthGraphs:
     sharing one memory pool, carry buffer and replay count. Static policy: the method's width
     only. Capture time and graph memory grow with the number of widths (logged)."""
 
-    def __init__(self, make_step, widths: list[int], plain_after_replay=None, **kwargs):
+    def __init__(self, make_step, widths: list[int], uniforms_at, plain_after_replay=None, **kwargs):
         """`make_step(width)` → the `device_step(inputs, tree)` captured at that width;
+        `uniforms_at(width)`: its uniforms per row (`SpeculativeStep.uniforms_at`);
         `plain_after_replay`: the width-1 step's `after_replay`; `kwargs`: `GraphedStep`'s other
         arguments."""
         if not widths:
@@ -252,8 +253,8 @@ class WidthGraphs:
         self.by_width: dict[int, GraphedStep] = {}
         first = None
         for w in sorted(widths, reverse=True):
-            graphed = GraphedStep(make_step(w), w, share=first, after_replay=plain_after_replay if w == 1 else None,
-                                  **kwargs)
+            graphed = GraphedStep(make_step(w), w, uniforms_at(w), share=first,
+                                  after_replay=plain_after_replay if w == 1 else None, **kwargs)
             graphed.capture()
             first = first or graphed
             first.pool = graphed.pool

@@ -165,7 +165,7 @@ class Engine:
         """CUDA graphs of the decode step (plain decoding is a verify of width 1): one set per
         verify width the policy may choose (`WidthGraphs`), so adaptive steps replay too."""
         from blockspec.engine.cuda_graphs import WidthGraphs
-        kwargs = dict(num_uniforms=self.spec_step.uniforms_per_row, max_pages=self.page_tables.max_pages,
+        kwargs = dict(uniforms_at=self.spec_step.uniforms_at, max_pages=self.page_tables.max_pages,
                       page_size=self.config.page_size, tree_shaped=bool(self.proposer and self.proposer.builds_trees),
                       drafts_on_device=self.spec_step.drafts_on_device, device=self.device,
                       max_bs=min(self.config.cuda_graph_max_bs, self.config.max_running_requests))
@@ -295,8 +295,7 @@ class Engine:
         width = self.policy.choose(seqs) if self.policy else 1
         if width > 1:       # the drafter reads its context: plain steps' deferred writes first
             self.proposer.flush_context()
-        uniforms = self._uniforms(seqs, self.spec_step.uniforms_per_row, [True] * len(seqs),
-                                  self.spec_step.uniform_columns(width))
+        uniforms = self._uniforms(seqs, self.spec_step.uniforms_at(width), [True] * len(seqs))
         processors, num_logprobs = self._step_options(seqs)
         # The graphs carry no processor or logprob state (StepInputs.needs_eager).
         graphable = not processors and num_logprobs is None
@@ -347,18 +346,16 @@ class Engine:
         wanted = [s.params.logprobs for s in seqs if s.params.logprobs is not None]
         return active_processors(self.logits_processors, seqs), (max(wanted) if wanted else None)
 
-    def _uniforms(self, seqs: list[Sequence], n: int, rows: list[bool], columns: slice | None = None) -> torch.Tensor:
+    def _uniforms(self, seqs: list[Sequence], n: int, rows: list[bool]) -> torch.Tensor:
         """This step's uniforms `[B, n]` float64, one draw from the engine's generator for the
         `rows` that sample through them: unseeded sampled rows. Greedy rows need none and seeded
-        rows take the exponential race (blockspec/seeded_sampling.py): zeros there. `columns`:
-        the only ones the step reads (`SpeculativeStep.uniform_columns`); the rest stay zero."""
+        rows take the exponential race (blockspec/seeded_sampling.py): zeros there."""
         out = torch.zeros(len(seqs), n, dtype=torch.float64)
         idx = [i for i, (s, r) in enumerate(zip(seqs, rows)) if r and not s.params.greedy and not races(s.params)]
         if idx:
-            columns = columns or slice(None)
-            drawn = torch.rand(len(idx), len(range(n)[columns]), generator=self.generator, dtype=torch.float64)
+            drawn = torch.rand(len(idx), n, generator=self.generator, dtype=torch.float64)
             # Every row drawing (the usual sampled batch): a slice copy, not an indexed one (host time).
-            out[slice(None) if len(idx) == len(seqs) else idx, columns] = drawn
+            out[slice(None) if len(idx) == len(seqs) else idx] = drawn
         return out
 
     # ---- after a step: commit, stop, detokenize ---------------------------------------------

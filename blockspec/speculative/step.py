@@ -147,25 +147,14 @@ class SpeculativeStep:
             return 2 * self.proposer.max_nodes + 1
         return 3 * self.max_depth + 1 if self.rejection else self.max_depth + 1
 
-    @property
-    def plain_uniform(self) -> int:
-        """The uniform a row with no drafts draws its token with: where its bonus is in the
-        layout (`uniforms_per_row`) — the residual at position 0 of a rejection chain, the
-        bonus of a sampled tree, depth 0's of a target-only walk. (Any unused uniform would do:
-        the layout stays that of the full width, so no offset moves with the chosen width.)"""
-        if self.sampled_trees:
-            return 2 * self.proposer.max_nodes
-        return 2 * self.max_depth if self.rejection else 0
-
-    def uniform_columns(self, width: int) -> slice | None:
-        """The uniforms a step at `width` reads, when it reads fewer than `uniforms_per_row`
-        (None: all). A plain step (width 1) of a speculative engine reads its bonus's only
-        (`plain_uniform`), so the engine draws just that one (drawing 2 N + 1 per row for a
-        64-node tree was host time a plain engine does not spend). Lossless: which uniforms are
-        drawn depends on the width, which depends on past steps only; the ones read are fresh."""
-        if width == 1 and self.proposer is not None:
-            return slice(self.plain_uniform, self.plain_uniform + 1)
-        return None
+    def uniforms_at(self, width: int) -> int:
+        """The uniforms per row of a step whose whole batch runs at `width`: a plain step (width
+        1) draws one, its token's (a plain engine's layout: drawing and shipping the 2 N + 1 of a
+        64-node tree's layout was host time a plain engine does not spend); a wider step
+        `uniforms_per_row`. Lossless: the width, and so the layout, depends on past steps only,
+        and every uniform a step reads is fresh. (A row cut to width 1 inside a wider verify
+        keeps the full layout: its token's uniform is its bonus's there, at a fixed offset.)"""
+        return 1 if width == 1 else self.uniforms_per_row
 
     @property
     def drafts_on_device(self) -> bool:
@@ -275,9 +264,9 @@ class SpeculativeStep:
         """Target-only tree walk, rejection sampling of a chain sampled from q, or recursive
         rejection sampling of a tree sampled from q with greedy rows walked (docs/verification.md)."""
         if tree.width == 1:
-            # Plain decoding (the adaptive policy's width 1): no drafts, one draw from p, with the
-            # uniform a row without drafts uses inside a wider verify (`plain_uniform`).
-            return verify_tree(probs, tree.tokens, tree.parents, uniforms[:, self.plain_uniform:self.plain_uniform + 1])
+            # Plain decoding (the adaptive policy's width 1): no drafts, one draw from p with the
+            # step's one uniform per row (`uniforms_at`).
+            return verify_tree(probs, tree.tokens, tree.parents, uniforms[:, :1])
         if self.sampled_trees:
             if draft_probs is None:
                 # Sampled rows' children came from q: without it they cannot be verified, and

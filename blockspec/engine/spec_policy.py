@@ -68,7 +68,7 @@ from operator import attrgetter
 from blockspec.engine.acceptance import AcceptanceModel, ema, temperature_class
 from blockspec.engine.config import SPEC_POLICIES
 from blockspec.engine.sequence import Status
-from blockspec.engine.step_cost import StepCostModel, best_width
+from blockspec.engine.step_cost import StepCostModel, best_width, monotone_costs
 from blockspec.sampling import sampling_variant
 
 log = logging.getLogger("blockspec.spec_policy")
@@ -162,6 +162,7 @@ class SpecPolicy:
             width, left = self._retime_next
             self._retime_next = (width, left - 1) if left > 1 else None
             return width
+        costs = monotone_costs(costs)
         width = best_width(totals, costs)
         if self._before_probe is not None:        # the step after a probe or look: did it change anything?
             changed, self._before_probe = width != self._before_probe, None

@@ -215,6 +215,17 @@ def _base_width(width: int, timed: dict[int, float]) -> int:
     return max(below) if below else min(timed)
 
 
+def monotone_costs(costs: dict[int, float]) -> dict[int, float]:
+    """Each width's cost raised to the most any narrower width costs: a wider verify does all of
+    a narrower one's work and more (more tokens through the target, a longer draft, more to
+    commit), so a table saying otherwise holds noise (on the H100 at 64 rows, T = 1, a churning
+    run timed chain 8 at 1.28 ms and plain at 1.47, and the policy ran chain 8 where it lost)."""
+    out, floor = {}, 0.0
+    for w in sorted(costs):
+        floor = out[w] = max(costs[w], floor)
+    return out
+
+
 def best_width(committed: dict[int, float], costs: dict[int, float]) -> int:
     """The width maximising committed[w] / costs[w] (expected tokens per second of the batch);
     ties go to the narrower. Width 1 must be a candidate."""

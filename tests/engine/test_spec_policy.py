@@ -532,3 +532,26 @@ def test_an_overlapped_engines_cost_retimings_are_timed(whole_budget, overlapped
         assert min(seen.values()) >= 4, seen          # cold timings (2–3) and re-timings since
     else:
         assert max(seen.values()) <= 3, seen
+
+
+def test_costs_are_made_monotone_in_the_width_before_the_choice(monkeypatch):
+    """A wider verify never costs less than a narrower one: a table saying so is noise, and the
+    choice is made on the raised costs."""
+    import blockspec.engine.spec_policy as spec_policy
+    from blockspec.engine.step_cost import monotone_costs
+    assert monotone_costs({1: 1.5, 2: 2.0, 4: 1.3, 8: 2.5}) == {1: 1.5, 2: 2.0, 4: 2.0, 8: 2.5}
+
+    def choice() -> int:
+        policy = SpecPolicy("adaptive", 8, False, [1])
+        for w, c in {1: 1.5, 2: 2.0, 4: 1.3, 8: 2.5}.items():
+            for _ in range(2):
+                policy.cost.observe(1, w, c)
+        policy._looked.add("r")
+        for _ in range(30):          # one draft accepted a step: about 2 tokens at every width ≥ 2
+            policy.acceptance.observe_step(["r"], lambda i: "greedy", [[1]], 8)
+        seqs = [SimpleNamespace(request_id="r", status=Status.RUNNING,
+                                params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
+        return policy.choose(seqs)
+    assert choice() == 2                                   # 2 tokens for 2.0 s beats plain's 1 for 1.5
+    monkeypatch.setattr(spec_policy, "monotone_costs", lambda costs: costs)
+    assert choice() == 4                                   # the raw table: 2 tokens for a noisy 1.3 s

@@ -30,7 +30,7 @@ from blockspec.bench.datasets import load_dataset  # noqa: E402
 from blockspec.bench.offline import prompt_token_ids  # noqa: E402
 from blockspec.llm import LLM  # noqa: E402
 from blockspec.sampling import SamplingParams  # noqa: E402
-from host_split import instrument, unwrap, wrap  # noqa: E402
+from host_split import instrument, unwrap, wrap, write_rows  # noqa: E402
 from steady_steps import BUNDLED  # noqa: E402
 
 
@@ -86,9 +86,7 @@ def main() -> int:
                                     for b in engine.policy.cost.buckets}
         print(json.dumps(row), flush=True)
         rows.append(row)
-    if args.output:
-        Path(args.output).write_text(json.dumps({"device": torch.cuda.get_device_name() if args.device == "cuda"
-                                                 else "cpu", "args": vars(args), "rows": rows}, indent=1))
+    write_rows(args, rows)
     return 0
 
 

@@ -77,6 +77,13 @@ def instrument(engine, acc: dict) -> None:
             wrap(graphed, "after_replay", f"graphed.after_replay (w{graphed.width})", acc)
 
 
+def write_rows(args, rows: list[dict]) -> None:
+    """The run's rows as JSON to `args.output` (if given), with the device and the arguments."""
+    if args.output:
+        Path(args.output).write_text(json.dumps({"device": torch.cuda.get_device_name() if args.device == "cuda"
+                                                 else "cpu", "args": vars(args), "rows": rows}, indent=1))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
@@ -124,9 +131,7 @@ def main() -> int:
             rows.append(row)
             drain(engine)
             unwrap()                               # the next batch wraps afresh
-    if args.output:
-        Path(args.output).write_text(json.dumps({"device": torch.cuda.get_device_name() if args.device == "cuda"
-                                                 else "cpu", "args": vars(args), "rows": rows}, indent=1))
+    write_rows(args, rows)
     return 0
 
 

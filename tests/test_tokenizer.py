@@ -8,7 +8,8 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from blockspec.tokenizer import MAX_HELD_TOKENS, IncrementalDetokenizer, Tokenizer, collect_eos_token_ids
+from blockspec.tokenizer import (CONTEXT_TOKENS, MAX_HELD_TOKENS, SLIDE_AT, IncrementalDetokenizer, Tokenizer,
+                                 collect_eos_token_ids)
 from fixtures import EOS_TOKEN, IM_END, IM_START, special_token_ids, write_tokenizer
 
 MULTIBYTE_TEXT = "Crème brûlée in Zürich 😀🎉, naïve façade — 東京タワー and 北京烤鸭 🚀 déjà vu 👍🏽!"
@@ -249,7 +250,11 @@ def test_push_decodes_a_bounded_window(bpe):
     detok = IncrementalDetokenizer(decode, prompt_ids=list(range(100)))
     out = "".join(detok.push([i]) for i in ids) + detok.flush()
     assert out == bpe.decode(ids)
-    assert len(ids) > 400 and max(seen_lengths) <= 12
+    # The window: at most SLIDE_AT tokens, and the few a split character holds back.
+    assert len(ids) > 400 and max(seen_lengths) <= SLIDE_AT + 4
+    # One decode a push between slides (the emitted part's text is kept), two at a slide.
+    slides = len(ids) / (SLIDE_AT - CONTEXT_TOKENS)
+    assert len(seen_lengths) <= len(ids) + slides + 2
 
 
 def test_fast_decode_path_gives_transformers_text(qwen3_dir):

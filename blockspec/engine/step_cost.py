@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from collections import deque
 
-from blockspec.sampling import SAMPLING_VARIANTS
-
 STALL_FACTOR = 50.0    # a timed step over this × its GPU prior is a stall, not a cost (`_stalled`)
 
 
@@ -60,6 +58,7 @@ class StepCostModel:
         # (bucket, width, sampling variant) → seconds of the step's GPU work alone, timed at
         # startup (`set_priors`): what a width not yet timed on this bucket is estimated from.
         self.priors: dict[tuple[int, int, str], float] = {}
+        self._stall_limits: dict[tuple[int, int], float] = {}
 
     def bucket_for(self, batch_size: int) -> int:
         """The bucket a batch pads to; past the largest, the batch size itself."""
@@ -94,11 +93,8 @@ class StepCostModel:
         """A timing over STALL_FACTOR × the step's GPU prior (its dearest variant) is not the
         step's cost but a stall inside its interval (a compile, a collection, the process
         descheduled): dropped. Without priors (CPU) every timing is kept."""
-        if not self.priors:
-            return False
-        bucket, width = key
-        prior = max(self.priors.get((bucket, width, v), 0.0) for v in SAMPLING_VARIANTS)
-        return prior > 0 and seconds > STALL_FACTOR * prior
+        limit = self._stall_limits.get(key)
+        return limit is not None and seconds > limit
 
     def measured(self, batch_size: int, width: int) -> float | None:
         """Seconds per step timed at this key, or None until it holds `min_samples`."""
@@ -138,6 +134,12 @@ class StepCostModel:
                 raise ValueError(f"prior for bucket {bucket}, width {width}: {seconds} s is not a positive "
                                  f"time of a known bucket ({self.buckets}) and width ({self.widths})")
         self.priors = dict(priors)
+        # (bucket, width) → the timing past which a step is a stall: STALL_FACTOR × its dearest
+        # variant's prior (kept: asked every timed step).
+        self._stall_limits = {}
+        for (bucket, width, _), seconds in self.priors.items():
+            key = (bucket, width)
+            self._stall_limits[key] = max(self._stall_limits.get(key, 0.0), STALL_FACTOR * seconds)
 
     def estimate_from_prior(self, batch_size: int, width: int, variant: str,
                             timed: dict[int, float]) -> float | None:

@@ -34,3 +34,10 @@ start_server() {
   SERVER=$!
   for SERVER_UP_S in $(seq 1 150); do curl -sf http://127.0.0.1:$PORT/health > /dev/null && break; sleep 1; done
 }
+# run_tests CAP FILE…: pytest on FILE… (at most CAP s, or what is left), its log to $OUT/cuda_tests_log.txt,
+# its last lines printed.
+run_tests() {
+  local CAP=$1; shift
+  timeout $(cap $CAP) python3 -m pytest -q -p no:cacheprovider -rfEs "$@" > "$OUT/cuda_tests_log.txt" 2>&1
+  tail -3 "$OUT/cuda_tests_log.txt"
+}

@@ -7,10 +7,8 @@
 # Usage on the device machine, from the repo root:  bash bench/gpu_session_o.sh
 set -uo pipefail
 source bench/device_prelude.sh
-timeout $(cap ${TEST_S:-150}) python3 -m pytest -q -p no:cacheprovider -rfEs tests/engine/test_deferred_context.py \
-    tests/engine/test_overlap.py tests/engine/test_cuda_graphs.py tests/engine/test_spec_policy.py \
-    > "$OUT/cuda_tests_log.txt" 2>&1
-tail -3 "$OUT/cuda_tests_log.txt"
+run_tests ${TEST_S:-150} tests/engine/test_deferred_context.py \
+    tests/engine/test_overlap.py tests/engine/test_cuda_graphs.py tests/engine/test_spec_policy.py
 timeout $(cap ${SPLIT_S:-120}) python3 bench/graph_split.py --batches 1,16,64 --output "$OUT/graph_split.json" \
     2>&1 | grep -v -i "warn" | tail -60 | tr -s ' \n' ' ' | cut -c1-3000; echo
 compare_static "T1u:1:u:3 T0:0::2" 170

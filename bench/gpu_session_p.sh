@@ -9,10 +9,8 @@
 # Usage on the device machine, from the repo root:  bash bench/gpu_session_p.sh
 set -uo pipefail
 source bench/device_prelude.sh
-timeout $(cap ${TEST_S:-150}) python3 -m pytest -q -p no:cacheprovider -rfEs tests/engine/test_cuda_graphs.py \
-    tests/engine/test_prefill_graphs.py tests/engine/test_deferred_context.py tests/engine/test_overlap.py \
-    > "$OUT/cuda_tests_log.txt" 2>&1
-tail -3 "$OUT/cuda_tests_log.txt"
+run_tests ${TEST_S:-150} tests/engine/test_cuda_graphs.py \
+    tests/engine/test_prefill_graphs.py tests/engine/test_deferred_context.py tests/engine/test_overlap.py
 for C in 64 16; do
   [ "$(left)" -lt 300 ] && { echo "skipped churn c=$C: $(left) s left"; continue; }
   timeout $(cap 120) python3 bench/churn_split.py --device cuda --dtype bfloat16 --concurrency $C \

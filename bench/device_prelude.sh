@@ -10,7 +10,8 @@ cap() { local want=$1 l; l=$(left); [ "$l" -lt "$want" ] && want=$l; echo $(( wa
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/device.txt"
 # compare_static "NAME:T:SEEDS:REPEATS …" [PER_RUN_S]: `bench offline --compare-static` of the bundled pair
 # (static chains 4 and 16, c = 1 / 16 / 64, 32 held-out ShareGPT prompts, 128 tokens) per run; SEEDS
-# "u" sends no seeds. Each run's JSON goes to $OUT/compare_static_gpu_NAME.json.
+# "u" sends no seeds; WARMUP_ROUNDS (if set): untimed rounds first. Each run's JSON goes to
+# $OUT/compare_static_gpu_NAME.json.
 compare_static() {
   local RUN NAME T SEEDS REPEATS
   for RUN in $1; do
@@ -19,7 +20,7 @@ compare_static() {
     timeout $(cap ${2:-170}) python3 -m blockspec.cli bench offline --model blockspec/bundled/target \
         --draft-model blockspec/bundled/drafter --device cuda --dtype bfloat16 --dataset sharegpt --temperature $T \
         --num-prompts 32 --max-tokens 128 --compare-static --static-widths 4,16 --concurrency 1,16,64 \
-        --repeats $REPEATS --waves 4 ${SEEDS:+--unseeded} --no-progress --output "$OUT/compare_static_gpu_$NAME.json" \
+        --repeats $REPEATS --waves 4 ${SEEDS:+--unseeded} ${WARMUP_ROUNDS:+--warmup-rounds $WARMUP_ROUNDS} --no-progress --output "$OUT/compare_static_gpu_$NAME.json" \
         > /tmp/log_cs.txt 2>&1
     grep -v -i "warn\|token indices" /tmp/log_cs.txt | tail -6
   done

@@ -98,11 +98,14 @@ def median_record(runs: list[dict]) -> dict:
 
 
 def run_compare(config, concurrencies: list[int], static_widths: list[int] | None, warm_up,
-                repeats: int = 1, waves: int = 2, on_progress=None) -> dict:
+                repeats: int = 1, waves: int = 2, on_progress=None, warmup_rounds: int = 0) -> dict:
     """Every configuration at every concurrency. `config`: the OfflineBenchConfig (its first
     dataset and temperature); `warm_up(llm, ids)` runs one short request; `on_progress(doc)`,
     when given, gets the document of the concurrencies done so far after each one (a run cut
-    short keeps them)."""
+    short keeps them). `warmup_rounds`: untimed rounds of every configuration before a
+    concurrency's timed ones (on the H100 the first round paid the Triton compiles of new prefill
+    shapes: plain at c = 1 made 848–1,059 tok/s in it against 1,830–2,492 after, and with two
+    rounds the median is that round for whichever engine ran first)."""
     from blockspec.bench.datasets import load_dataset
     from blockspec.bench.offline import _params, prompt_token_ids
     if not concurrencies or any(c < 1 for c in concurrencies):
@@ -111,6 +114,8 @@ def run_compare(config, concurrencies: list[int], static_widths: list[int] | Non
         raise ValueError(f"repeats must be positive, got {repeats}")
     if waves < 1:
         raise ValueError(f"waves must be positive, got {waves}")
+    if warmup_rounds < 0:
+        raise ValueError(f"warmup_rounds must be non-negative, got {warmup_rounds}")
     top = max(concurrencies)
     adaptive = build_llm(config, top, {"spec_policy": "adaptive"})
     engine = adaptive.engine
@@ -131,6 +136,9 @@ def run_compare(config, concurrencies: list[int], static_widths: list[int] | Non
     for i, c in enumerate(concurrencies):
         k = max(config.num_prompts, waves * c)
         rounds: dict[str, list] = {name: [] for name in names}
+        for _ in range(warmup_rounds):
+            for name in names:
+                run_concurrency(llms[name], ids[:k], params[:k], c)
         for r in range(repeats):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 rounds[name].append(run_concurrency(llms[name], ids[:k], params[:k], c))
@@ -138,7 +146,7 @@ def run_compare(config, concurrencies: list[int], static_widths: list[int] | Non
         done = concurrencies[:i + 1]
         doc = {**config.spec_fields(), "dataset": config.datasets[0], "temperature": config.temperatures[0],
                "num_prompts": {c: max(config.num_prompts, waves * c) for c in done}, "concurrencies": done,
-               "repeats": repeats, "records": records, "summary": summarise(records),
+               "repeats": repeats, "warmup_rounds": warmup_rounds, "records": records, "summary": summarise(records),
                "policy_host_seconds": engine.policy.host_seconds, "cost_tables": cost_tables(engine.policy)}
         if on_progress is not None:
             on_progress(doc)

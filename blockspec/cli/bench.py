@@ -121,6 +121,9 @@ def _add_offline(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", default="1,4,16", help="with --compare-static: requests in flight")
     p.add_argument("--repeats", type=int, default=1,
                    help="with --compare-static: rounds per cell, rotated; a cell's tok/s is their median")
+    p.add_argument("--warmup-rounds", type=int, default=0,
+                   help="with --compare-static: untimed rounds of every configuration before each concurrency's "
+                        "timed ones (compiles of new shapes land there)")
     p.add_argument("--waves", type=int, default=2,
                    help="with --compare-static: each cell runs at least this many prompts per request in flight "
                         "(max(num-prompts, waves × concurrency)), so a high concurrency is not all ramp and tail")
@@ -301,7 +304,7 @@ def _compare_static(args: argparse.Namespace, config, stamp: dict) -> int:
         if args.output:
             Path(args.output).write_text(json.dumps({**stamp, **partial}, indent=2))
     document = {**stamp, **run_compare(config, _positive_ints(args.concurrency, "--concurrency"), widths, _warm_up,
-                                       args.repeats, args.waves, save)}
+                                       args.repeats, args.waves, save, args.warmup_rounds)}
     print(format_compare(document))
     if args.output:
         out = Path(args.output)

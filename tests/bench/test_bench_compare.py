@@ -64,6 +64,24 @@ def test_compare_keeps_each_finished_concurrency(qwen3_dir, tmp_path):
     assert seen == [[1], [1, 2]] and doc["concurrencies"] == [1, 2]
 
 
+def test_warmup_rounds_run_every_configuration_untimed_first(qwen3_dir, tmp_path, monkeypatch):
+    """`--warmup-rounds 1`: each configuration runs once per concurrency before the timed rounds,
+    and only the timed rounds make the cell."""
+    import blockspec.bench.compare as compare
+    from blockspec.bench.offline import OfflineBenchConfig, _warm_up
+    drafter = write_dflash_drafter(tmp_path / "drafter", qwen3_dir, block_size=4)
+    config = OfflineBenchConfig(model=qwen3_dir, draft_model=str(drafter), spec="dflash", datasets=["random"],
+                                num_prompts=1, max_tokens=4, random_input_len=8, progress=False)
+    calls = []
+    real = compare.run_concurrency
+    monkeypatch.setattr(compare, "run_concurrency", lambda llm, *a: calls.append(llm) or real(llm, *a))
+    doc = compare.run_compare(config, [1], [4], _warm_up, repeats=2, warmup_rounds=1)
+    assert len(calls) == 3 * 3 and len(set(map(id, calls[:3]))) == 3      # 3 configurations: 1 untimed + 2 timed
+    assert doc["warmup_rounds"] == 1 and all(len(r["tok_s_rounds"]) == 2 for r in doc["records"])
+    with pytest.raises(ValueError, match="warmup_rounds"):
+        compare.run_compare(config, [1], [4], _warm_up, warmup_rounds=-1)
+
+
 def test_offline_requests_are_seeded_unless_told_not_to():
     from blockspec.bench.datasets import BenchPrompt
     from blockspec.bench.offline import OfflineBenchConfig, _params

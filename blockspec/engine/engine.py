@@ -317,7 +317,12 @@ class Engine:
     def _finish_in_flight(self, next_width: int | None = None) -> list[StepOutput]:
         """Read and commit the step in flight. Rows whose request finished or was aborted
         meanwhile are dropped (that request's output is complete). `next_width`: the width of
-        the step launched just before (its launch is inside this step's timed interval)."""
+        the step launched just before (its launch is inside this step's timed interval); None: a
+        drain (nothing launched), whose step is not timed."""
+        if next_width is None and self.policy:
+            # The step was launched before the last commit, so the interval since then holds only
+            # the rest of its wait: timed, it read 0.3 ms against a 12 ms step on the CPU.
+            self.policy.interrupt()
         flight, self.in_flight = self.in_flight, None
         step = flight.result()
         live = [i for i, s in enumerate(flight.seqs)

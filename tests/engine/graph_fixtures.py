@@ -50,6 +50,8 @@ def engine_for(model, spec, drafter, graphs: bool, max_bs: int = 4, backend: str
         engine.graphed = engine.capture_graphs()
         if overlap:
             engine.overlap, engine.scheduler.steps_ahead = True, 1
+            if engine.policy is not None:
+                engine.policy.overlapped = True
     assert engine.overlap == (overlap and graphs and engine.spec_step.drafts_on_device)
     return engine
 

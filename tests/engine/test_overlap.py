@@ -86,3 +86,42 @@ def test_stop_tokens_end_rows_inside_an_overlapped_batch(qwen3_dir, drafter):
     assert run(engine, reqs) == expected
     assert expected["s"][-1] == stop and len(expected["s"]) <= 6
     assert engine.allocator.num_used_pages == 0
+
+
+def test_a_drained_step_is_not_timed(qwen3_dir, drafter, monkeypatch):
+    """A drain (the batch changes: the step in flight is read before anything is launched) commits
+    a step launched before the previous commit, so the interval since then is only the rest of its
+    wait: it must not become a cost sample. A fake clock advances by 1 per step launched or run
+    eagerly, so every honest sample is at least 1 and a drained one would be 0."""
+    import types
+
+    import blockspec.engine.spec_policy as spec_policy
+    clock = [0.0]
+    monkeypatch.setattr(spec_policy, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    real_launch = engine_module.launch_decode
+
+    def launch(*args):
+        clock[0] += 1.0
+        return real_launch(*args)
+    monkeypatch.setattr(engine_module, "launch_decode", launch)
+    engine = engine_for(qwen3_dir, "dflash", drafter, graphs=True, max_bs=8, overlap=True, spec_policy="adaptive")
+    real_run = engine.spec_step.run
+
+    def eager_run(*args, **kwargs):
+        clock[0] += 1.0
+        return real_run(*args, **kwargs)
+    monkeypatch.setattr(engine.spec_step, "run", eager_run)
+    samples = []
+    real_observe = engine.policy.cost.observe
+    monkeypatch.setattr(engine.policy.cost, "observe", lambda b, w, t: samples.append(t) or real_observe(b, w, t))
+    first, later = requests(4), requests(7)[4:]
+    for rid, prompt, params in first:
+        engine.add_request(rid, prompt, params)
+    steps = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        steps += 1
+        if steps == 3:                  # arrivals mid-run: the step in flight is drained
+            for rid, prompt, params in later:
+                engine.add_request(rid, prompt, params)
+    assert samples and min(samples) >= 1.0, samples

@@ -47,8 +47,9 @@ and stays quick where requests differ.
 
 Timing: a step costs the time from the end of the previous step's commit to the end of its own
 — counted only when the previous step ran at the same width and batch bucket with nothing in
-between (a prefill calls `interrupt`), and, overlapped, when the step launched during its
-interval runs at that width too (a probe's launch, and the drafter-context flush before it, would
+between (a prefill calls `interrupt`, and so does a drain: a step read before anything was
+launched after it holds only the rest of its wait), and, overlapped, when the step launched
+during its interval runs at that width too (a probe's launch, and the drafter-context flush before it, would
 otherwise be charged to the plain step before it). In that steady state the interval is the step's whole
 cost whatever the engine overlaps: the host's launch and commit, and the wait for the GPU. A
 step after a switch is not timed: its interval holds its neighbour's work (an overlapped

@@ -4,8 +4,8 @@
 # context and overlap; bench/churn_split.py at T = 1, c = 64 and 16 (do the speculative engines'
 # prefills still cost more than the plain one's, now that 257–380-token prompts replay a graph?);
 # then `bench offline --compare-static` at T = 1 unseeded (3 rounds) and T = 0 (2 rounds), c = 1 /
-# 16 / 64, each concurrency after one untimed round of every engine (after monotone costs, three-step
-# re-timings, one uniform a plain row, the cheaper detokenizer).
+# 16 / 64, each concurrency after one untimed round of every engine (after: drained steps untimed,
+# monotone costs, three-step re-timings, one uniform a plain row, the cheaper detokenizer).
 # Usage on the device machine, from the repo root:  bash bench/gpu_session_p.sh
 set -uo pipefail
 source bench/device_prelude.sh

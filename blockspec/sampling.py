@@ -243,9 +243,13 @@ SAMPLING_VARIANTS = ("greedy", "sampled", "filtered")
 
 def sampling_variant(params: list[SamplingParams]) -> str:
     """The batch's entry of SAMPLING_VARIANTS."""
-    if all(p.greedy for p in params):
-        return "greedy"
-    return "filtered" if any_filters(params) else "sampled"
+    all_greedy = all(p.greedy for p in params)
+    return variant_of(all_greedy, not all_greedy and any_filters(params))
+
+
+def variant_of(all_greedy: bool, filters: bool) -> str:
+    """The entry of SAMPLING_VARIANTS of a batch known by its host-side flags (`StepInputs`)."""
+    return "greedy" if all_greedy else "filtered" if filters else "sampled"
 
 
 def filtered_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:

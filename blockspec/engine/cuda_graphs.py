@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from blockspec.batch import PackedStep, StepInputs, unpack_decode
-from blockspec.sampling import SAMPLING_VARIANTS, sampling_variant
+from blockspec.sampling import SAMPLING_VARIANTS, sampling_variant, variant_of
 from blockspec.speculative.step import packed_result
 from blockspec.speculative.tree import PAD_PARENT, ROOT_PARENT, DraftTree
 
@@ -204,8 +204,7 @@ class GraphedStep:
             raise ValueError("graphed steps take decode inputs (batch.decode_inputs), which carry their packed form")
         if inputs.needs_eager is not None:
             raise ValueError(f"a step with {inputs.needs_eager} cannot replay a graph captured without them")
-        variant = "greedy" if inputs.all_greedy else "filtered" if inputs.sampling.filters else "sampled"
-        st = self.static[self.bucket_for(B), variant]
+        st = self.static[self.bucket_for(B), variant_of(inputs.all_greedy, inputs.sampling.filters)]
         packed, stree = inputs.packed, st.tree
         P = packed.page_table.shape[1]
         if P > self.max_pages:

@@ -7,7 +7,7 @@ import torch
 
 from blockspec.engine.config import EngineConfig
 from blockspec.engine.engine import Engine
-from blockspec.sampling import SamplingParams
+from blockspec.sampling import SamplingParams, variant_of
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -84,7 +84,7 @@ class GraphSpy:
             B, bucket = inputs.batch_size, graphed_fn.bucket_for(inputs.batch_size)
             out = graphed_fn(inputs, tree)
             # Padding rows (a batch of 3 in the bucket of 4) point at page 0 only: never a live page.
-            variant = "greedy" if inputs.all_greedy else "filtered" if inputs.sampling.filters else "sampled"
+            variant = variant_of(inputs.all_greedy, inputs.sampling.filters)
             assert graphed_fn.static[bucket, variant].packed.page_table[B:].eq(0).all()
             self.used.append((B, bucket, variant, width))
             return out

@@ -42,6 +42,9 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=256)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="every request runs to --max-tokens (its plain requests then finish in lockstep); "
+                         "default: as `bench offline`, a request may stop at EOS")
     ap.add_argument("--output", default=None)
     args = ap.parse_args()
     common = dict(device=args.device, dtype=args.dtype, max_running_requests=args.concurrency)
@@ -53,7 +56,8 @@ def main() -> int:
     prompts = load_dataset("sharegpt", args.prompts, 0)
     limit = llms["plain"].engine.max_model_len - args.max_tokens - 32
     ids = [prompt_token_ids(p, tokenizer, limit) for p in prompts]
-    params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=True)] * len(ids)
+    params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
+                             ignore_eos=args.ignore_eos)] * len(ids)
     rows = []
     for label, llm in llms.items():
         engine = llm.engine

@@ -103,7 +103,7 @@ def main() -> int:
                "spec w1": LLM(str(BUNDLED / "target"), spec="dflash", draft_model=str(BUNDLED / "drafter"),
                               **common).engine}
     if engines["spec w1"].policy is not None:
-        engines["spec w1"].policy._choose = lambda seqs: 1
+        engines["spec w1"].policy._choose = lambda seqs, ids: 1
     if args.cpu_graphs:
         for e in engines.values():
             e.graphed = e.capture_graphs()

@@ -76,7 +76,8 @@ def measure(engine, label: str, args, batch: int, force: int | None) -> dict:
     policy = engine.policy
     if policy is not None:
         real = policy._choose
-        policy._choose = (lambda seqs: force) if force is not None else real
+        policy._choose = (lambda seqs, ids: force) if force is not None else real
+        policy._quiet = None          # (a quiet stretch would repeat plain past the forced width)
     fill(engine, batch, args.temperature, args.max_tokens)
     for _ in range(args.warmup):
         engine.step()

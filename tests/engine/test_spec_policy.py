@@ -555,3 +555,35 @@ def test_costs_are_made_monotone_in_the_width_before_the_choice(monkeypatch):
     assert choice() == 2                                   # 2 tokens for 2.0 s beats plain's 1 for 1.5
     monkeypatch.setattr(spec_policy, "monotone_costs", lambda costs: costs)
     assert choice() == 4                                   # the raw table: 2 tokens for a noisy 1.3 s
+
+
+@pytest.mark.parametrize("overlapped", [False, True])
+def test_quiet_plain_stretches_choose_what_the_full_choice_would(monkeypatch, overlapped):
+    """Plain steps of an unchanged batch repeat the choice unrecomputed until a probe or a
+    re-timing could be due: over an adversary's run (plain throughout, probes and re-timings
+    from the credit) the widths are those of the policy without quiet stretches, step for step,
+    and most steps were quiet."""
+    import blockspec.engine.spec_policy as spec_policy
+    cost = lambda w: 0.01 * (1 + 0.1 * w)                # noqa: E731
+
+    def run(quiet_steps: int) -> tuple[list[int], int]:
+        monkeypatch.setattr(spec_policy, "QUIET_STEPS", quiet_steps)
+        policy = SpecPolicy("adaptive", 8, False, [1, 2, 4])
+        policy.overlapped = overlapped
+        quiet, real = [0], policy._choose_quietly
+        policy._choose_quietly = lambda ids: (w := real(ids), quiet.__setitem__(0, quiet[0] + (w is not None)))[0]
+        seqs = [SimpleNamespace(request_id=f"r{i}", status=Status.RUNNING,
+                                params=SimpleNamespace(greedy=False, temperature=1.0, seed=None)) for i in range(2)]
+        chosen, clock = [], 0.0
+        for _ in range(3000):
+            w = policy.choose(seqs)
+            chosen.append(w)
+            clock += cost(w)
+            policy.observe(seqs, w, StepResult([[0]] * 2, [0] * 2, [w - 1] * 2, [[]] * 2), now=clock,
+                           next_width=w if overlapped else None)
+        return chosen, quiet[0]
+
+    full, none_quiet = run(0)
+    quiet, quiet_steps = run(8)
+    assert none_quiet == 0 and quiet == full
+    assert set(full[200:]) == {1, 2, 4, 8} and quiet_steps > 0.5 * len(full)

@@ -101,7 +101,7 @@ def test_seeded_request_repeats_plain_decoding_alone_and_in_batch(qwen3_dir, tmp
     llm = LLM(model=qwen3_dir, **kwargs)
     if policy == "adaptive":      # a policy that changes width every step, whatever the timings
         widths = iter(__import__("itertools").cycle(llm.engine.policy.widths))
-        llm.engine.policy._choose = lambda seqs: next(widths)
+        llm.engine.policy._choose = lambda seqs, ids: next(widths)
     prompts, plain = seeded_plain
     alone = llm.generate(prompts[0], SEEDED)[0].token_ids
     assert alone == plain

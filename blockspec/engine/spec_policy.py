@@ -217,14 +217,11 @@ class SpecPolicy:
             # A width skipped while the bucket was cold (its cost only a bound) goes first,
             # narrowest first: at T = 0, c = 4 on a CPU chain4, the best static width there, was
             # skipped cold and not reached by the turn in a whole run.
-            table = self.cost.table(B)
-            untimed = [w for w in others if table[w] is None]
-            other = untimed[-1] if untimed else others[self._probes % len(others)]
-            steps = 3 if self.overlapped else 2
-            spend = steps * max(costs[other] - costs[width], 0.0)
+            other, spend = self._next_retiming(B, others, costs, width)
             if self._credit >= spend or self._steps >= MAX_PROBE_SPACING:
                 self._credit = max(self._credit - spend, 0.0)
-                self._steps, self._probes, self._retime_next = 0, self._probes + 1, (other, steps - 1)
+                self._steps, self._probes = 0, self._probes + 1
+                self._retime_next = (other, self._retime_steps - 1)
                 return other
         if width < self.full_width:       # (a due re-timing saves the credit up: only free looks go first)
             spend = costs[self.full_width] - costs[width]
@@ -257,16 +254,27 @@ class SpecPolicy:
                                       MAX_PROBE_SPACING - self._since_probe, inc, cap)
             retime = probe
             if others:
-                table = self.cost.table(B)
-                untimed = [w for w in others if table[w] is None]
-                other = untimed[-1] if untimed else others[self._probes % len(others)]
-                spend = (3 if self.overlapped else 2) * max(costs[other] - costs[1], 0.0)
+                _, spend = self._next_retiming(B, others, costs, width)
                 retime = self._steps_until(self.retime_interval - self._steps, spend,
                                            MAX_PROBE_SPACING - self._steps, inc, cap)
             due = min(probe, retime) - 1
             if due > 0:
                 self._quiet = (ids, min(QUIET_STEPS, due), inc, cap)
         return width
+
+    @property
+    def _retime_steps(self) -> int:
+        """Steps a cost re-timing runs at its width: overlapped, the middle of three is timed (the
+        last one's interval holds the next width's launch); else the second of two."""
+        return 3 if self.overlapped else 2
+
+    def _next_retiming(self, B: int, others: list[int], costs: dict[int, float], width: int) -> tuple[int, float]:
+        """The width the next cost re-timing runs, and the credit it spends: its steps' cost
+        over as many at `width`."""
+        table = self.cost.table(B)
+        untimed = [w for w in others if table[w] is None]
+        other = untimed[-1] if untimed else others[self._probes % len(others)]
+        return other, self._retime_steps * max(costs[other] - costs[width], 0.0)
 
     def _steps_until(self, wait: int, spend: float, hard: int, inc: float, cap: float) -> float:
         """The soonest next step (1 = the next) at which an exploration gated by `wait` more

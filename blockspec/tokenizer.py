@@ -34,8 +34,8 @@ CONTEXT_TOKENS = 5
 MAX_HELD_TOKENS = 16
 # The window slides back to CONTEXT_TOKENS of context only once it is this long: between slides a
 # push decodes once, not twice (the emitted part's text is the last push's whole text). Per push,
-# one token to each of 64 detokenizers on the 2-core CPU: 2.76 → 1.98 µs (at 32 the longer decodes
-# gave back most of it). Every row of every decode step pushes once.
+# one token to each of 64 detokenizers on the 2-core CPU (bench/detok_push.py): 2.76 → 1.98 µs (at
+# 32 the longer decodes gave back most of it). Every row of every decode step pushes once.
 SLIDE_AT = 16
 
 

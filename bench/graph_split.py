@@ -4,6 +4,10 @@ speculative engine's plain step costs the GPU beyond a plain engine's, and which
 drafter-context ring). Each graph is replayed on its captured inputs and timed with CUDA events
 (`WidthGraphs.replay_seconds`); nothing else runs. JSON to `--output`.
 
+`--ddtree`: a DDTree engine's graphs too (budget one less than the chain's width), and for one
+bucket (`--profile-batch`) at the full width, greedy and sampled, the chain's and the tree's
+kernels inside one replay (torch.profiler), by name: where a tree step's extra over a chain's goes.
+
     python bench/graph_split.py --batches 1,16,64 --output /tmp/graph_split.json     (CUDA only)
 """
 
@@ -29,11 +33,28 @@ def replay_ms(engine, batches: list[int], widths: set[int]) -> dict[str, float]:
             if b in batches and w in widths}
 
 
+def kernel_table(engine, bucket: int, width: int, variant: str, top: int = 30) -> list[list]:
+    """[kernel name, µs, launches] inside one replay of a graph, most time first."""
+    from torch.profiler import ProfilerActivity, profile
+    graphed = engine.graphed.at(width)
+    st = graphed.static[bucket, variant]
+    graphed._replay(st, bucket)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graphed._replay(st, bucket)
+        torch.cuda.synchronize()
+    rows = [[e.key[:90], round(e.device_time_total, 1), e.count] for e in prof.key_averages() if e.device_time_total > 0]
+    rows.sort(key=lambda r: -r[1])
+    return [["total", round(sum(r[1] for r in rows), 1), sum(r[2] for r in rows)]] + rows[:top]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--widths", default="1,4,16", help="the speculative engine's widths reported")
+    ap.add_argument("--ddtree", action="store_true", help="a DDTree engine's graphs and both engines' kernels")
+    ap.add_argument("--profile-batch", type=int, default=16)
     ap.add_argument("--output", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -49,7 +70,17 @@ def main() -> int:
     spec = dict(spec="dflash", draft_model=str(BUNDLED / "drafter"), **common)
     engine = LLM(str(BUNDLED / "target"), **spec).engine
     doc["spec"] = replay_ms(engine, batches, widths)
+    full = max(engine.graphed.by_width)
+    if args.ddtree:
+        doc["kernels_chain"] = {v: kernel_table(engine, args.profile_batch, full, v) for v in ("greedy", "sampled")}
     del engine
+    if args.ddtree:
+        tree = dict(spec="ddtree", draft_model=str(BUNDLED / "drafter"), tree_budget=full - 1, **common)
+        engine = LLM(str(BUNDLED / "target"), **tree).engine
+        doc["ddtree"] = replay_ms(engine, batches, widths)
+        doc["ddtree_over_chain"] = {k: round(v / doc["spec"][k], 3) for k, v in doc["ddtree"].items() if k in doc["spec"]}
+        doc["kernels_tree"] = {v: kernel_table(engine, args.profile_batch, full, v) for v in ("greedy", "sampled")}
+        del engine
     add = DeferredContext.add
     DeferredContext.add = lambda self, *a: None          # captured without the ring's append
     try:

@@ -13,7 +13,7 @@ from blockspec.models.loader import load_target
 FAMILIES = ["llama_dir", "qwen2_dir", "qwen3_dir", "qwen3_sharded_dir"]
 
 
-def our_logits(model, ids: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+def our_forward(model, ids: torch.Tensor, dtype=torch.float32, capture_layers=()):
     cfg = model.config
     B, T = ids.shape
     alloc = PageAllocator(64, 8)
@@ -26,8 +26,12 @@ def our_logits(model, ids: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
         page_table=torch.tensor([t.pages for t in tables]),
         prefix_lens=torch.zeros(B, dtype=torch.long), new_lens=torch.full((B,), T),
         new_mask=causal_new_mask(B, T, "cpu"))
-    hidden, _ = model(ids, torch.arange(T).expand(B, T), cache, batch)
-    return model.logits(hidden)
+    hidden, features = model(ids, torch.arange(T).expand(B, T), cache, batch, capture_layers)
+    return model.logits(hidden), features
+
+
+def our_logits(model, ids: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    return our_forward(model, ids, dtype)[0]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -41,6 +45,24 @@ def test_logits_match_transformers(family, request):
     out = our_logits(ours, ids)
     rel = (out - ref).abs().max() / ref.abs().max()
     assert rel < 1e-4, f"relative error {rel:.2e}"
+
+
+@pytest.mark.parametrize("family", ["llama_dir", "qwen3_dir"])
+def test_captured_features_are_transformers_hidden_states(family, request):
+    """Every layer's captured output (the drafter's target features; each taken from the next
+    layer's input stream, the last the final-normed state) is transformers' hidden_states[i + 1]."""
+    model_dir = request.getfixturevalue(family)
+    ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ours = load_target(model_dir, "float32", "cpu")
+    ids = torch.randint(0, ours.config.vocab_size, (2, 19), generator=torch.Generator().manual_seed(3))
+    layers = tuple(range(ours.config.num_layers))
+    with torch.no_grad():
+        ref = ref_model(ids, output_hidden_states=True).hidden_states
+    _, features = our_forward(ours, ids, capture_layers=layers[::-1])
+    H = ours.config.hidden_size
+    for k, i in enumerate(layers[::-1]):                       # in the order asked, any order
+        want = ref[i + 1]
+        assert (features[..., k * H:(k + 1) * H] - want).abs().max() < 1e-4 * want.abs().max(), f"layer {i}"
 
 
 def hf_greedy(model_dir, prompt_ids, n):

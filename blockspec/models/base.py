@@ -1,8 +1,8 @@
 """What every target family shares: embed → decoder layers → final norm, feature capture, logits.
 
 A family supplies its decoder layers; each layer is called as
-`layer(x, residual, cos, sin, index, cache, plan, backend) -> (x, residual)` (its output is
-the sum, added by the next norm) and reaches attention only through `backend` (the engine's
+`layer(x, residual, cos, sin, index, cache, plan, backend) -> (x, residual, stream)` (its output
+is x + residual, added by the next norm; `stream` is its input, the previous layer's output) and reaches attention only through `backend` (the engine's
 choice: reference on CPU, Triton on CUDA), never a kernel directly.
 """
 
@@ -36,16 +36,18 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, residual, cos, sin, layer, cache, plan, backend):
         """x: the previous layer's MLP output (the embeddings for the first layer, residual
-        None); returns `(mlp output, residual stream)`. The layer's output is their sum, which
-        the next norm adds (`forward_with_residual`: one launch when fused, bit for bit
-        `residual + mlp` either way)."""
+        None); returns `(mlp output, residual stream, input stream)`. The layer's output is the
+        first two's sum, which the next norm adds (`forward_with_residual`: one launch when fused,
+        bit for bit `residual + mlp` either way); so the next layer's input stream is that output,
+        which feature capture takes from there instead of adding it again."""
         if residual is None:
             h, residual = self.input_layernorm(x), x
         else:
             h, residual = self.input_layernorm.forward_with_residual(x, residual)
+        stream = residual
         attn = self.self_attn(h, cos, sin, layer, cache, plan, backend)
         h, residual = self.post_attention_layernorm.forward_with_residual(attn, residual)
-        return self.mlp(h), residual
+        return self.mlp(h), residual, stream
 
 
 class DecoderLM(nn.Module):
@@ -101,10 +103,11 @@ class DecoderLM(nn.Module):
         plan = self.backend.plan(batch, cache)
         captured = {}
         for i, layer in enumerate(self.model.layers):
-            # A layer's output is x + residual; the add is left to the next norm (one launch).
-            x, residual = layer(x, residual, cos, sin, i, cache, plan, self.backend)
-            if i in capture_layers:
-                captured[i] = x + residual
+            # A layer's output is x + residual; the next norm adds it (one launch), and the next
+            # layer hands it back as its input stream: captured with no add of its own.
+            x, residual, stream = layer(x, residual, cos, sin, i, cache, plan, self.backend)
+            if i - 1 in capture_layers:
+                captured[i - 1] = stream
         normed = self.model.norm(x) if residual is None else self.model.norm.forward_with_residual(x, residual)[0]
         captured[len(self.model.layers) - 1] = normed
         features = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None

@@ -26,6 +26,7 @@ from blockspec.sampling import filtered_probs, sample_from_probs, tempered_probs
 from blockspec.seeded_sampling import pin_seeded_rows
 from blockspec.speculative.kernel_probe import kernel_mismatch
 from blockspec.speculative.ngram import propose_ngram_batch
+from blockspec.speculative.ring_kernel import append_rows, append_rows_triton
 from blockspec.speculative.sampled_tree import fill_with_samples, race_ranked_scores, sample_children, shape_scores
 from blockspec.speculative.tree import DraftTree, build_tree, chain_tree
 
@@ -114,6 +115,20 @@ class DeferredContext:
         self.head = torch.zeros(1, dtype=torch.int64, device=device)    # rows ever appended (device)
         self.tail = 0                   # rows ever written out (host)
         self.rows = 0                   # rows appended and not written out (host)
+        self.append = append_rows       # on CUDA the same as two launches (`use_kernel`)
+
+    def use_kernel(self) -> None:
+        """Append with `append_rows_triton` (two launches where the torch form makes about eleven)
+        once it matches the reference on a probe that wraps the ring and holds padding; the log
+        says when it does not."""
+        F = self.features.shape[1]
+        probe = lambda append, device: _probe_append(append, F, device)  # noqa: E731
+        error = kernel_mismatch(lambda: probe(append_rows_triton, self.head.device), lambda: probe(append_rows, "cpu"), (),
+                                self.head.device)
+        if error:
+            log.warning("the deferred context's append kernel is unusable (%s): torch ops append its rows", error)
+        else:
+            self.append = append_rows_triton
 
     def add(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
         """A plain step's rows: features `[B, 1, F]`, positions and slots `[B, 1]`; device work
@@ -121,14 +136,9 @@ class DeferredContext:
         B = features.shape[0]
         if B > self.capacity // 2:
             raise ValueError(f"a plain step of {B} rows exceeds half the deferred context's {self.capacity}")
-        live = positions[:, 0] > 0
-        index = torch.where(live, (self.head + live.cumsum(0) - 1) % self.capacity, self.capacity)
-        self.features.index_copy_(0, index, features[:, 0].to(self.features.dtype))
-        self.meta.index_copy_(0, index, torch.stack([positions[:, 0], slots[:, 0].to(torch.int64)], dim=1))
-        appended = live.sum()
-        self.head.add_(appended)
+        self.append(self.features, self.meta, self.head, features, positions, slots)
         if not capturing(features):
-            self.count(int(appended))
+            self.count(int((positions[:, 0] > 0).sum()))
 
     def count(self, rows: int) -> None:
         """`rows` rows were appended: by `add` run eagerly, or by a replay of a captured plain step."""
@@ -143,6 +153,18 @@ class DeferredContext:
         features, meta = self.features.index_select(0, index), self.meta.index_select(0, index)
         self.tail, self.rows = self.tail + self.rows, 0
         self.write(features[:, None], meta[:, :1], meta[:, 1:])
+
+
+def _probe_append(append, features: int, device) -> tuple[torch.Tensor, ...]:
+    """A ring of 5 rows after three appends (the last wraps its end; padding rows mid-batch)."""
+    ring = torch.zeros(6, features, device=device)
+    meta = torch.zeros(6, 2, dtype=torch.int64, device=device)
+    head = torch.zeros(1, dtype=torch.int64, device=device)
+    for step, live in enumerate([(1, 1, 0), (1, 0, 1), (1, 1, 1)]):
+        positions = torch.tensor(live, device=device)[:, None] * (10 * step + torch.arange(1, 4, device=device)[:, None])
+        rows = torch.arange(3 * features, dtype=torch.float32, device=device).view(3, 1, features).sin() + step
+        append(ring, meta, head, rows, positions, positions + 100)
+    return ring[:5].cpu(), meta[:5].cpu(), head.cpu()
 
 
 class NgramProposer(Proposer):
@@ -210,6 +232,8 @@ class DFlashProposer(Proposer):
         self.deferred = DeferredContext(lambda f, p, s: drafter.write_context(f, p, s, self.cache),
                                         len(drafter.config.target_layer_ids) * drafter.config.hidden_size,
                                         weight.dtype, weight.device)
+        if weight.device.type == "cuda":
+            self.deferred.use_kernel()
 
     def _use_tree_kernel(self, device: torch.device) -> None:
         """On CUDA the tree is built by a kernel, so draft → tree → verify is one CUDA graph (on

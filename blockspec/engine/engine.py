@@ -8,6 +8,7 @@ happens on the host after a step: committing tokens, stops, detokenization.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -118,6 +119,8 @@ class Engine:
         from blockspec.engine.cuda_graphs import batch_buckets
         self.policy = SpecPolicy(config.spec_policy, self.spec_step.full_width, self.proposer.builds_trees,
                                  batch_buckets(config.max_running_requests)) if self.proposer else None
+        if self.policy:
+            self.policy.context_pending = self.proposer.context_pending
         # Per-position transforms of the target's logits (docs/logits_processing.md); a step runs
         # the ones its requests ask for. The grammar's mask comes last: nothing after it may lift
         # a forbidden token off −inf.
@@ -293,8 +296,13 @@ class Engine:
         """Draft (if speculating), verify in one target forward, commit, roll back the rest.
         Overlapped: launch this step, then commit the one in flight (engine/overlap.py)."""
         width = self.policy.choose(seqs) if self.policy else 1
-        if width > 1:       # the drafter reads its context: plain steps' deferred writes first
+        if width > 1 and self.proposer.context_pending():
+            # The drafter reads its context: plain steps' deferred writes first, timed for the
+            # policy (a switch into speculation pays them: engine/spec_policy.py).
+            start = time.perf_counter()
             self.proposer.flush_context()
+            if self.policy:
+                self.policy.observe_flush(time.perf_counter() - start)
         uniforms = self._uniforms(seqs, self.spec_step.uniforms_at(width), [True] * len(seqs))
         processors, num_logprobs = self._step_options(seqs)
         # The graphs carry no processor or logprob state (StepInputs.needs_eager).

@@ -45,6 +45,15 @@ MIN_EXPLORE_SCALE) whenever a probe or look leaves the next choice unchanged and
 when one changes it: exploration costs little where it keeps confirming plain (T = 1 on a CPU)
 and stays quick where requests differ.
 
+Switching into speculation: after plain steps, a drafting step first writes the deferred drafter
+context (`proposers.DeferredContext`), work no steady step holds and so no step timing sees (the
+step after a switch is not timed). While a write is pending, the choice charges it to every
+speculative width (`context_pending`, `observe_flush`: the lower quartile of the last writes'
+host times); once speculating there is none. So a width must beat plain by the write's cost to
+leave plain, and a batch whose figures hover near break-even (T = 1 at one row on the H100: a
+row's acceptance estimate is a few steps' noise) does not flip to a chain and back, paying the
+write each time, where a steady chain would barely pay.
+
 Quiet stretches: after a plain choice that explored nothing, the same batch's next steps (at
 most QUIET_STEPS) repeat plain without recomputing the choice, until the soonest step a probe or
 a re-timing could be due (its step count and its credit: `_steps_until`), the counters and the
@@ -71,13 +80,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from operator import attrgetter
 
 from blockspec.engine.acceptance import AcceptanceModel, ema, temperature_class
 from blockspec.engine.config import SPEC_POLICIES
 from blockspec.engine.sequence import Status
-from blockspec.engine.step_cost import StepCostModel, best_width, monotone_costs
+from blockspec.engine.step_cost import StepCostModel, best_width, monotone_costs, robust_seconds
 from blockspec.sampling import sampling_variant
 
 log = logging.getLogger("blockspec.spec_policy")
@@ -144,6 +153,10 @@ class SpecPolicy:
         # Exploration's share of PROBE_BUDGET: halved each time a probe or look changes nothing,
         # whole again when one does (at T = 1 on a CPU, where speculation never pays).
         self.explore_scale = 1.0
+        # Whether a drafting step would first write the deferred drafter context (set by the engine:
+        # the proposer's `context_pending`), and the last such writes' host times (`observe_flush`).
+        self.context_pending = lambda: False
+        self._flush_seconds: deque = deque(maxlen=15)
         # A quiet stretch (`_choose_quietly`): (its batch's ids, steps left, credit a step, the
         # credit's cap), or None.
         self._quiet: tuple[list[str], int, float, float] | None = None
@@ -196,7 +209,7 @@ class SpecPolicy:
             self._retime_next = (width, left - 1) if left > 1 else None
             return width
         costs = monotone_costs(costs)
-        width = best_width(totals, costs)
+        width = best_width(totals, self._charged(costs))
         if self._before_probe is not None:        # the step after a probe or look: did it change anything?
             changed, self._before_probe = width != self._before_probe, None
             if self._looking:
@@ -261,6 +274,18 @@ class SpecPolicy:
             if due > 0:
                 self._quiet = (ids, min(QUIET_STEPS, due), inc, cap)
         return width
+
+    def _charged(self, costs: dict[int, float]) -> dict[int, float]:
+        """The costs the choice compares: a pending context write added to every speculative width
+        (module docstring, "Switching into speculation")."""
+        if not self._flush_seconds or not self.context_pending():
+            return costs
+        flush = robust_seconds(self._flush_seconds)
+        return {w: c + flush if w > 1 else c for w, c in costs.items()}
+
+    def observe_flush(self, seconds: float) -> None:
+        """The host time of one write of the deferred drafter context before a drafting step."""
+        self._flush_seconds.append(seconds)
 
     @property
     def _retime_steps(self) -> int:

@@ -67,6 +67,10 @@ class Proposer:
     def flush_context(self) -> None:
         pass
 
+    def context_pending(self) -> bool:
+        """Whether `flush_context` has writes to make (what a drafting step would do first)."""
+        return False
+
     def after_plain_replay(self, rows: int) -> None:
         pass
 
@@ -161,9 +165,10 @@ def _probe_append(append, features: int, device) -> tuple[torch.Tensor, ...]:
     meta = torch.zeros(6, 2, dtype=torch.int64, device=device)
     head = torch.zeros(1, dtype=torch.int64, device=device)
     for step, live in enumerate([(1, 1, 0), (1, 0, 1), (1, 1, 1)]):
-        positions = torch.tensor(live, device=device)[:, None] * (10 * step + torch.arange(1, 4, device=device)[:, None])
-        rows = torch.arange(3 * features, dtype=torch.float32, device=device).view(3, 1, features).sin() + step
-        append(ring, meta, head, rows, positions, positions + 100)
+        # Made on the CPU and moved: a device's sin may round differently from the CPU's.
+        positions = torch.tensor(live)[:, None] * (10 * step + torch.arange(1, 4)[:, None])
+        rows = torch.arange(3 * features, dtype=torch.float32).view(3, 1, features).sin() + step
+        append(ring, meta, head, rows.to(device), positions.to(device), positions.to(device) + 100)
     return ring[:5].cpu(), meta[:5].cpu(), head.cpu()
 
 
@@ -333,6 +338,9 @@ class DFlashProposer(Proposer):
             return
         self.drafter.write_context(path_features, inputs.positions(width), inputs.slots(width, accept_len + 1),
                                    self.cache)
+
+    def context_pending(self) -> bool:
+        return self.deferred.rows > 0
 
     def flush_context(self) -> None:
         if self.deferred.rows:             # (checked first: the engine asks before every drafting step)

@@ -162,3 +162,18 @@ def test_captured_plain_steps_append_their_rows(qwen3_dir, drafter, monkeypatch)
     assert int(deferred.head) == deferred.tail + deferred.rows
     run(engine, requests(3))
     assert deferred.rows > 0 and int(deferred.head) == deferred.tail + deferred.rows
+
+
+def test_the_engine_times_the_context_write_before_a_drafting_step_for_the_policy(qwen3_dir, drafter, monkeypatch):
+    """The write a drafting step makes after plain steps is timed for the policy (which charges
+    it to leaving plain, engine/spec_policy.py) — once per plain stretch, never between
+    speculating steps."""
+    monkeypatch.setattr(SpecPolicy, "choose", widths_from([1, 1, 1, 5, 5, 1, 2, 5]))
+    flushes = []
+    monkeypatch.setattr(SpecPolicy, "observe_flush", lambda self, s: flushes.append(s))
+    engine = engine_for(qwen3_dir, "dflash", drafter, graphs=False, spec_policy="adaptive")
+    assert engine.policy.context_pending == engine.proposer.context_pending
+    run(engine, [("a", list(range(30, 40)), SamplingParams(temperature=0.0, max_tokens=17, ignore_eos=True))])
+    # Decode steps (the first token comes from the prefill): 1 1 1 [5] 5 1 [2] 5 | 1 1 1 [5] …
+    assert len(flushes) >= 3 and all(s > 0 for s in flushes)
+    assert not engine.proposer.context_pending() or engine.proposer.deferred.rows > 0

@@ -587,3 +587,27 @@ def test_quiet_plain_stretches_choose_what_the_full_choice_would(monkeypatch, ov
     quiet, quiet_steps = run(8)
     assert none_quiet == 0 and quiet == full
     assert set(full[200:]) == {1, 2, 4, 8} and quiet_steps > 0.5 * len(full)
+
+
+def test_a_pending_context_write_is_charged_to_leaving_plain_not_to_staying_speculative():
+    """A chain that beats plain by half on its steady cost loses to plain while the deferred
+    context's write (timed at 1.5 plain steps) would come first; with nothing pending (the
+    batch already speculating) it wins."""
+    policy = SpecPolicy("adaptive", 4, False, [1])
+    for w, c in {1: 1.0, 2: 1.95, 4: 2.0}.items():
+        for _ in range(2):
+            policy.cost.observe(1, w, c)
+    policy._looked.add("r")
+    for _ in range(30):                        # 2 drafts accepted a step at width 4: 3 tokens for 2.0 s
+        policy.acceptance.observe_step(["r"], lambda i: "greedy", [[1, 2]], 4)
+    seqs = [SimpleNamespace(request_id="r", status=Status.RUNNING, params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
+    pending = [True]
+    policy.context_pending = lambda: pending[0]
+    assert policy.choose(seqs) == 4            # no write timed yet: nothing to charge
+    for _ in range(3):
+        policy.observe_flush(1.5)
+    policy.observe_flush(9.0)                  # a stall among the writes: the lower quartile ignores it
+    assert policy.choose(seqs) == 1            # 3 tokens for 3.5 s lose to 1 for 1.0
+    pending[0] = False                         # (only a drafting step clears it, and ends a quiet stretch)
+    policy._quiet = None
+    assert policy.choose(seqs) == 4

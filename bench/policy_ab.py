@@ -1,9 +1,10 @@
-"""A/B of the adaptive policy's quiet plain stretches on one engine (issue 15): `bench offline
---compare-static`'s workload at one concurrency (T = 1, 32 held-out ShareGPT prompts, 64 tokens),
-rounds alternating quiet stretches on (QUIET_STEPS = 8) and off (0) on the same adaptive engine,
-beside a plain engine; tok/s per round.
+"""A/B of one adaptive-policy feature on one engine (issue 15): `bench offline --compare-static`'s
+workload at one concurrency (T = 1, 32 held-out ShareGPT prompts, 64 tokens), rounds alternating
+the feature on and off on the same adaptive engine, beside a plain engine; tok/s per round and the
+adaptive rounds' share of plain steps. Features: `quiet` (quiet plain stretches: QUIET_STEPS 8
+against 0), `flush` (a pending drafter-context write charged to leaving plain, against not).
 
-    OMP_NUM_THREADS=1 python bench/quiet_ab.py [--concurrency 16] [--rounds 4]
+    OMP_NUM_THREADS=1 python bench/policy_ab.py --feature quiet|flush [--concurrency 16] [--rounds 4]
 """
 import argparse
 import json
@@ -26,6 +27,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--feature", choices=["quiet", "flush"], default="quiet")
+    ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
@@ -35,16 +38,29 @@ def main() -> int:
     plain = LLM(str(BUNDLED / "target"), **common)
     ids = [prompt_token_ids(p, adaptive.tokenizer, adaptive.engine.max_model_len - 64 - 32)
            for p in load_dataset("sharegpt", 32, 0)]
-    params = [SamplingParams(temperature=1.0, max_tokens=64)] * len(ids)
+    params = [SamplingParams(temperature=args.temperature, max_tokens=64)] * len(ids)
+    charged = spec_policy.SpecPolicy._charged
+
+    def feature(on: bool) -> None:
+        if args.feature == "quiet":
+            spec_policy.QUIET_STEPS = 8 if on else 0
+        else:
+            spec_policy.SpecPolicy._charged = charged if on else (lambda self, costs: costs)
     for llm in (adaptive, plain):                  # warm: every bucket once
         run_concurrency(llm, ids[:args.concurrency], params, args.concurrency)
-    tok_s = {"quiet": [], "full": [], "plain": []}
+    tok_s = {"on": [], "off": [], "plain": []}
+    plain_share = {"on": [], "off": []}
     for _ in range(args.rounds):
         for name in tok_s:
-            spec_policy.QUIET_STEPS = 8 if name == "quiet" else 0
+            feature(name == "on")
+            before = dict(adaptive.engine.policy.choices)
             record = run_concurrency(plain if name == "plain" else adaptive, ids, params, args.concurrency)
             tok_s[name].append(round(record["tok_s"], 1))
-    print(json.dumps({"concurrency": args.concurrency, "tok_s": tok_s}))
+            if name != "plain":
+                steps = {k: v - before.get(k, 0) for k, v in adaptive.engine.policy.choices.items()}
+                plain_share[name].append(round(steps.get("plain", 0) / max(1, sum(steps.values())), 3))
+    print(json.dumps({"feature": args.feature, "concurrency": args.concurrency, "temperature": args.temperature,
+                      "tok_s": tok_s, "adaptive_plain_share": plain_share}))
     return 0
 
 

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Device call prepared in the session of 2026-12-07 (eleventh) for the next one, ≤ 9.5 min:
+# 1. the graphed-vs-eager DDTree test that failed on the H100 in gpu_session_q call 9 (its log was
+#    cut: here alone first, with its traceback), then the other graph, deferred-context and
+#    append-kernel tests;
+# 2. bench/attn_calls.py: each engine's paged-attention launches and the kernels of its width-1 and
+#    width-16 graphs (why the DDTree engine's graphs cost 1.3–1.9× the chain engine's, width 1
+#    included);
+# 3. `bench offline --compare-static` at T = 1 unseeded (3 rounds) and T = 0 (2 rounds), c = 1 / 16
+#    / 64, each concurrency after one untimed round, after the pending context write was charged
+#    to leaving plain (gpu_session_q: T = 1, c = 1 ran 32 % speculating at 0.69 × plain).
+# Usage on the device machine, from the repo root:  bash bench/gpu_session_r.sh
+set -uo pipefail
+source bench/device_prelude.sh
+timeout $(cap 90) python3 -m pytest -q -x -p no:cacheprovider -rfE "tests/engine/test_cuda_graphs.py" -k "ddtree" \
+    > "$OUT/cuda_tests_ddtree_log.txt" 2>&1
+grep -E "passed|failed|Error|assert" "$OUT/cuda_tests_ddtree_log.txt" | head -20
+run_tests ${TEST_S:-120} tests/attention/test_ring_kernel.py tests/engine/test_deferred_context.py \
+    tests/engine/test_cuda_graphs.py
+timeout $(cap ${ATTN_S:-100}) python3 bench/attn_calls.py --batch 16 --output "$OUT/attn_calls.json" \
+    2>&1 | grep -v -i "warn" | tail -30 | tr -s ' \n' ' ' | cut -c1-2500; echo
+WARMUP_ROUNDS=1 compare_static "T1u:1:u:3 T0:0::2" 200
+rm -f "$OUT"/*.png
+echo "script seconds: $SECONDS"

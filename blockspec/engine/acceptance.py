@@ -238,6 +238,15 @@ class AcceptanceModel:
         if plain:
             self._begin_stretch(request_ids, rows, idx)
 
+    def extend_stretch(self, request_ids: list[str]) -> bool:
+        """`observe_step` of a plain step of the current stretch's batch (what it would do there,
+        without its checks); False when there is no stretch of exactly these requests."""
+        stretch = self._stretch
+        if stretch is None or stretch.ids != request_ids:
+            return False
+        stretch.steps += 1
+        return True
+
     def _begin_stretch(self, request_ids: list[str], rows: list[int], idx: np.ndarray) -> None:
         """After a plain step: the next plain steps of this batch only count (module docstring).
         A figure relaxes only where it and its class's are both known; a total reads a missing

@@ -157,12 +157,21 @@ class SpecPolicy:
         # the proposer's `context_pending`), and the last such writes' host times (`observe_flush`).
         self.context_pending = lambda: False
         self._flush_seconds: deque = deque(maxlen=15)
+        # Quiet steps chosen and not yet observed, and the quiet steps' timings not yet filed in
+        # the cost model ((batch size, seconds); `file_samples`): a quiet step's `observe` only
+        # counts (`_observe_quietly`).
+        self._quiet_unobserved = 0
+        self._unfiled: list[tuple[int, float]] = []
         # A quiet stretch (`_choose_quietly`): (its batch's ids, steps left, credit a step, the
         # credit's cap), or None.
         self._quiet: tuple[list[str], int, float, float] | None = None
 
     def name(self, width: int) -> str:
         return config_name(width, self.builds_trees)
+
+    @property
+    def _plain_name(self) -> str:
+        return self._names.get(1) or self._names.setdefault(1, self.name(1))
 
     def choose(self, seqs) -> int:
         """This step's width, from the past only."""
@@ -192,9 +201,11 @@ class SpecPolicy:
         self._credit = min(self._credit + quiet[2], quiet[3])
         self._steps += 1
         self._since_probe += 1
+        self._quiet_unobserved += 1
         return 1
 
     def _choose(self, seqs, ids: list[str]) -> int:
+        self.file_samples()
         B = len(seqs)
         if ids != self._batch_ids:                # (a C-level comparison; the batch rarely changes)
             self._batch_ids = ids
@@ -380,6 +391,10 @@ class SpecPolicy:
         any. Its cost is timed only in a steady state (module docstring)."""
         entered = time.perf_counter()
         now = entered if now is None else now
+        if width == 1 and self._quiet_unobserved and self._observe_quietly(seqs, step, now, next_width):
+            self.host_seconds += time.perf_counter() - entered
+            return
+        self.file_samples()
         key = (self.cost.bucket_for(len(seqs)), width)
         previous, self._last = self._last, (now, key)
         name = self._names.get(width) or self._names.setdefault(width, self.name(width))
@@ -399,11 +414,41 @@ class SpecPolicy:
             self._look_wanted = False
         if paths is not None:                   # plain rows too: their wider widths relax
             self.acceptance.observe_step(live_ids, lambda i: temperature_class(live[i].params), paths, width)
-        bucket = key[0]
-        if newly_timed and bucket not in self.cost.logged and None not in self.cost.table(len(seqs)).values():
-            self.cost.logged.add(bucket)
-            log.info("%s (policy host time so far %.2f ms)", self.cost.format_table(len(seqs)), self.host_seconds * 1e3)
+        if newly_timed:
+            self._log_table_once(len(seqs))
         self.host_seconds += time.perf_counter() - entered
+
+    def _observe_quietly(self, seqs, step, now: float, next_width: int | None) -> bool:
+        """A quiet step's `observe` (a plain step of the quiet stretch's batch, no row finished):
+        its timing kept for `file_samples`, its plain step counted in the acceptance model's
+        stretch; the same state the full `observe` would leave, in a few operations (issue 15:
+        in a real run the full one took ≈ 30 µs a step on the 2-core CPU, where the loop of
+        `bench/policy_host_time.py` takes 4: between the engine's tensor ops little of the
+        policy's code and data stays in the CPU's caches). False: nothing done, observe fully."""
+        self._quiet_unobserved -= 1
+        if (step.path_nodes is None or Status.FINISHED in map(_status, seqs)
+                or not self.acceptance.extend_stretch(list(map(_request_id, seqs)))):
+            return False
+        key = (self.cost.bucket_for(len(seqs)), 1)
+        previous, self._last = self._last, (now, key)
+        self.choices[self._plain_name] += 1
+        if previous is not None and previous[1] == key and next_width in (None, 1):
+            self._unfiled.append((len(seqs), now - previous[0]))
+        return True
+
+    def file_samples(self) -> None:
+        """File the quiet steps' timings in the cost model, in order (before anything reads it)."""
+        if self._unfiled:
+            unfiled, self._unfiled = self._unfiled, []
+            for batch_size, seconds in unfiled:
+                if self.cost.observe(batch_size, 1, seconds):
+                    self._log_table_once(batch_size)
+
+    def _log_table_once(self, batch_size: int) -> None:
+        bucket = self.cost.bucket_for(batch_size)
+        if bucket not in self.cost.logged and None not in self.cost.table(batch_size).values():
+            self.cost.logged.add(bucket)
+            log.info("%s (policy host time so far %.2f ms)", self.cost.format_table(batch_size), self.host_seconds * 1e3)
 
     def interrupt(self) -> None:
         """Something other than a decode step ran (a prefill): the next step is not timed."""

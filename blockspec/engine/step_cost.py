@@ -53,6 +53,7 @@ class StepCostModel:
         self._samples: dict[tuple[int, int], deque] = {}
         # Read every step for every width, changed by one key a step: kept, not recomputed.
         self._tables: dict[int, dict[int, float | None]] = {}    # bucket → width → `measured`
+        self._stale: set[tuple[int, int]] = set()                 # kept entries with newer samples
         self._buckets: dict[int, int] = {}                        # batch size → `bucket_for`
         self.logged: set[int] = set()        # buckets whose table was logged
         # (bucket, width, sampling variant) → seconds of the step's GPU work alone, timed at
@@ -84,10 +85,17 @@ class StepCostModel:
         if samples is None:
             samples = self._samples[key] = deque(maxlen=self.window)
         samples.append(seconds)
-        table = self._tables.get(key[0])
-        if table is not None:
-            table[width] = self.measured(batch_size, width)
+        if key[0] in self._tables:
+            # Re-estimated when next read (`_refresh`): a plain stretch times every step and reads
+            # the table every few, and the policy's host time is the issue-15 figure it runs in.
+            self._stale.add(key)
         return len(samples) == self.min_samples
+
+    def _refresh(self) -> None:
+        """Re-estimate the kept tables' entries that have new samples."""
+        for bucket, width in self._stale:
+            self._tables[bucket][width] = self.measured(bucket, width)
+        self._stale.clear()
 
     def _stalled(self, key: tuple[int, int], seconds: float) -> bool:
         """A timing over STALL_FACTOR × the step's GPU prior (its dearest variant) is not the
@@ -180,7 +188,11 @@ class StepCostModel:
     def timed_at(self, bucket: int, width: int) -> float | None:
         """Seconds per step at `bucket` (a bucket size) and `width`, or None until timed."""
         table = self._tables.get(bucket)
-        return table.get(width) if table is not None else self.measured(bucket, width)
+        if table is None:
+            return self.measured(bucket, width)
+        if self._stale:
+            self._refresh()
+        return table.get(width)
 
     def format_priors(self) -> str:
         """The priors as one line per bucket (ms), for the startup log."""
@@ -200,6 +212,8 @@ class StepCostModel:
         table = self._tables.get(bucket)
         if table is None:
             table = self._tables[bucket] = {w: self.measured(batch_size, w) for w in self.widths}
+        elif self._stale:
+            self._refresh()
         return dict(table)
 
     def format_table(self, batch_size: int) -> str:

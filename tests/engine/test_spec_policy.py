@@ -611,3 +611,42 @@ def test_a_pending_context_write_is_charged_to_leaving_plain_not_to_staying_spec
     pending[0] = False                         # (only a drafting step clears it, and ends a quiet stretch)
     policy._quiet = None
     assert policy.choose(seqs) == 4
+
+
+@pytest.mark.parametrize("overlapped", [False, True])
+def test_a_quiet_steps_short_observe_leaves_what_the_full_one_would(monkeypatch, overlapped):
+    """A quiet step's `observe` only files its timing for later and counts the acceptance
+    model's plain stretch: over a run that settles on plain, with step costs drifting, rows whose
+    acceptance differs from their class's, and rows finishing and joining, the widths, the cost
+    tables and the acceptance figures equal the full observe's, and most steps took the short
+    path."""
+    def run(short: bool):
+        policy = SpecPolicy("adaptive", 8, False, [1, 2, 4])
+        policy.overlapped = overlapped
+        taken, real = [0], policy._observe_quietly
+        policy._observe_quietly = (lambda *a: (ok := real(*a), taken.__setitem__(0, taken[0] + ok))[0]) if short \
+            else (lambda *a: (setattr(policy, "_quiet_unobserved", policy._quiet_unobserved - 1), False)[1])
+        seqs = [SimpleNamespace(request_id=f"r{i}", status=Status.RUNNING,
+                                params=SimpleNamespace(greedy=False, temperature=1.0, seed=None)) for i in range(2)]
+        chosen, clock = [], 0.0
+        for k in range(3000):
+            if k % 700 == 699:                            # a row finishes in its step; another joins
+                seqs[0].status = Status.FINISHED
+            w = policy.choose(seqs)
+            chosen.append(w)
+            clock += 0.01 * w * (2 - k / 3000) * (1 + 0.3 * ((k * 7) % 5 == 0))    # steps get cheaper
+            paths = [[1] if w > 1 else [], []]            # row 0 accepts a draft, row 1 none
+            policy.observe(seqs, w, StepResult([[0]] * 2, [len(p) for p in paths], [w - 1] * 2, paths), now=clock,
+                           next_width=w if overlapped else None)
+            if seqs[0].status is Status.FINISHED:
+                policy.forget(seqs[0].request_id)
+                seqs = [SimpleNamespace(request_id=f"n{k}", status=Status.RUNNING, params=seqs[1].params), seqs[1]]
+        policy.file_samples()
+        ids = [s.request_id for s in seqs]
+        return (chosen, policy.cost.table(2), policy.acceptance.expected_totals(ids, lambda i: "t<=1"),
+                dict(policy.choices)), taken[0]
+
+    full, _ = run(short=False)
+    short, taken = run(short=True)
+    assert short == full
+    assert taken > 0.5 * len(full[0])

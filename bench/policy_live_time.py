@@ -1,0 +1,74 @@
+"""The adaptive policy's host time per step inside a real engine run (issue 15: < 2 % of the step):
+`SpecPolicy.choose` and `observe` wrapped with a clock while the bundled pair serves `bench
+offline --compare-static`'s workload at one concurrency. `bench/policy_host_time.py` drives the
+policy alone in a loop, where its code and data stay in the CPU's caches; between a real
+engine's tensor ops they do not, and the same calls took 5–10× as long on the 2-core CPU.
+
+    OMP_NUM_THREADS=1 python bench/policy_live_time.py [--concurrency 1] [--temperature 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from blockspec.bench.compare import run_concurrency  # noqa: E402
+from blockspec.bench.datasets import load_dataset  # noqa: E402
+from blockspec.bench.offline import prompt_token_ids  # noqa: E402
+from blockspec.llm import LLM  # noqa: E402
+from blockspec.sampling import SamplingParams  # noqa: E402
+
+BUNDLED = Path(__file__).resolve().parents[1] / "blockspec" / "bundled"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    llm = LLM(str(BUNDLED / "target"), spec="dflash", draft_model=str(BUNDLED / "drafter"), device=args.device,
+              dtype=args.dtype, max_running_requests=args.concurrency)
+    ids = [prompt_token_ids(p, llm.tokenizer, llm.engine.max_model_len - args.max_tokens - 32)
+           for p in load_dataset("sharegpt", args.prompts, 0)]
+    params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)] * len(ids)
+    run_concurrency(llm, ids[:args.concurrency], params[:args.concurrency], args.concurrency)   # warm
+    policy, samples = llm.engine.policy, {"choose": [], "observe": []}
+    for name, seconds in samples.items():
+        real = getattr(policy, name)
+
+        def timed(*a, _real=real, _seconds=seconds, **kw):
+            start = time.perf_counter()
+            try:
+                return _real(*a, **kw)
+            finally:
+                _seconds.append(time.perf_counter() - start)
+        setattr(policy, name, timed)
+    record = run_concurrency(llm, ids, params, args.concurrency)
+    steps = len(samples["choose"])
+    doc = {"args": vars(args), "tok_s": round(record["tok_s"], 1), "steps": steps,
+           "step_ms": round(record["seconds"] / max(1, steps) * 1e3, 3)}
+    for name, seconds in samples.items():
+        s = sorted(seconds)
+        doc[name + "_us"] = {"mean": round(sum(s) / len(s) * 1e6, 1), "p50": round(s[len(s) // 2] * 1e6, 1),
+                             "p90": round(s[int(len(s) * 0.9)] * 1e6, 1)}
+    per_step = (sum(samples["choose"]) + sum(samples["observe"])) / max(1, steps)
+    doc["policy_us_per_step"] = round(per_step * 1e6, 1)
+    doc["share_of_step"] = round(per_step / (record["seconds"] / max(1, steps)), 4)
+    print(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -6,7 +6,9 @@
 # 2. bench/attn_calls.py: each engine's paged-attention launches and the kernels of its width-1 and
 #    width-16 graphs (why the DDTree engine's graphs cost 1.3–1.9× the chain engine's, width 1
 #    included);
-# 3. `bench offline --compare-static` at T = 1 unseeded (3 rounds) and T = 0 (2 rounds), c = 1 / 16
+# 3. bench/policy_live_time.py at c = 1 and 16: the policy's host time inside a real run (≈ 95 µs a
+#    step on average in gpu_session_q's compare-static, 20 % of a plain step at c = 1);
+# 4. `bench offline --compare-static` at T = 1 unseeded (3 rounds) and T = 0 (2 rounds), c = 1 / 16
 #    / 64, each concurrency after one untimed round, after the pending context write was charged
 #    to leaving plain (gpu_session_q: T = 1, c = 1 ran 32 % speculating at 0.69 × plain).
 # Usage on the device machine, from the repo root:  bash bench/gpu_session_r.sh
@@ -19,6 +21,10 @@ run_tests ${TEST_S:-120} tests/attention/test_ring_kernel.py tests/engine/test_d
     tests/engine/test_cuda_graphs.py
 timeout $(cap ${ATTN_S:-100}) python3 bench/attn_calls.py --batch 16 --output "$OUT/attn_calls.json" \
     2>&1 | grep -v -i "warn" | tail -30 | tr -s ' \n' ' ' | cut -c1-2500; echo
+for C in 1 16; do      # the policy's host time inside a real run (bench/policy_live_time.py; 2-core CPU: 50 / 133 µs)
+  timeout $(cap 60) python3 bench/policy_live_time.py --device cuda --dtype bfloat16 --concurrency $C \
+      --prompts $((C > 1 ? 64 : 16)) --max-tokens 128 2>&1 | grep -v -i "warn\|token indices" | tail -1 | tee -a "$OUT/policy_live_time.txt"
+done
 WARMUP_ROUNDS=1 compare_static "T1u:1:u:3 T0:0::2" 200
 rm -f "$OUT"/*.png
 echo "script seconds: $SECONDS"

@@ -156,7 +156,6 @@ def run_compare(config, concurrencies: list[int], static_widths: list[int] | Non
 def cost_tables(policy) -> dict:
     """The adaptive policy's measured step cost per batch bucket it ran: width → ms (None:
     not timed), to set beside the static configurations' tok/s."""
-    policy.file_samples()
     return {str(b): {str(w): None if t is None else round(t * 1e3, 4) for w, t in policy.cost.table(b).items()}
             for b in policy.cost.buckets if any(t is not None for t in policy.cost.table(b).values())}
 

@@ -157,11 +157,6 @@ class SpecPolicy:
         # the proposer's `context_pending`), and the last such writes' host times (`observe_flush`).
         self.context_pending = lambda: False
         self._flush_seconds: deque = deque(maxlen=15)
-        # Quiet steps chosen and not yet observed, and the quiet steps' timings not yet filed in
-        # the cost model ((batch size, seconds); `file_samples`): a quiet step's `observe` only
-        # counts (`_observe_quietly`).
-        self._quiet_unobserved = 0
-        self._unfiled: list[tuple[int, float]] = []
         # A quiet stretch (`_choose_quietly`): (its batch's ids, steps left, credit a step, the
         # credit's cap), or None.
         self._quiet: tuple[list[str], int, float, float] | None = None
@@ -201,11 +196,9 @@ class SpecPolicy:
         self._credit = min(self._credit + quiet[2], quiet[3])
         self._steps += 1
         self._since_probe += 1
-        self._quiet_unobserved += 1
         return 1
 
     def _choose(self, seqs, ids: list[str]) -> int:
-        self.file_samples()
         B = len(seqs)
         if ids != self._batch_ids:                # (a C-level comparison; the batch rarely changes)
             self._batch_ids = ids
@@ -343,6 +336,9 @@ class SpecPolicy:
         table = self.cost.table(B)
         costs = {w: table[w] for w in self.widths}
         if None not in costs.values():            # a warm bucket: every step but the first few
+            if len(self.cost.logged) < len(self.cost.buckets) and self.cost.bucket_for(B) not in self.cost.logged:
+                self.cost.logged.add(self.cost.bucket_for(B))
+                log.info("%s (policy host time so far %.2f ms)", self.cost.format_table(B), self.host_seconds * 1e3)
             return costs, None
         floors = {w: self.cost.floor_from_smaller(B, w) for w, c in costs.items() if c is None}
         # Where the nearest timed bucket says the full width loses to plain by over the margin (a
@@ -391,18 +387,17 @@ class SpecPolicy:
         any. Its cost is timed only in a steady state (module docstring)."""
         entered = time.perf_counter()
         now = entered if now is None else now
-        if width == 1 and self._quiet_unobserved and self._observe_quietly(seqs, step, now, next_width):
+        if width == 1 and self._observe_stretch(seqs, step, now, next_width):
             self.host_seconds += time.perf_counter() - entered
             return
-        self.file_samples()
         key = (self.cost.bucket_for(len(seqs)), width)
         previous, self._last = self._last, (now, key)
         name = self._names.get(width) or self._names.setdefault(width, self.name(width))
         self.choices[name] += 1
         if self.mode == "static":
             return
-        newly_timed = (previous is not None and previous[1] == key and next_width in (None, width)
-                       and self.cost.observe(len(seqs), width, now - previous[0]))
+        if previous is not None and previous[1] == key and next_width in (None, width):
+            self.cost.observe(len(seqs), width, now - previous[0])
         live, paths = seqs, step.path_nodes
         # C-level passes over the rows: a Python loop (getattr, the class) cost ≈ 1 µs a row.
         if Status.FINISHED in map(_status, seqs):     # (finished: already forgotten)
@@ -414,41 +409,25 @@ class SpecPolicy:
             self._look_wanted = False
         if paths is not None:                   # plain rows too: their wider widths relax
             self.acceptance.observe_step(live_ids, lambda i: temperature_class(live[i].params), paths, width)
-        if newly_timed:
-            self._log_table_once(len(seqs))
         self.host_seconds += time.perf_counter() - entered
 
-    def _observe_quietly(self, seqs, step, now: float, next_width: int | None) -> bool:
-        """A quiet step's `observe` (a plain step of the quiet stretch's batch, no row finished):
-        its timing kept for `file_samples`, its plain step counted in the acceptance model's
-        stretch; the same state the full `observe` would leave, in a few operations (issue 15:
-        in a real run the full one took ≈ 30 µs a step on the 2-core CPU, where the loop of
-        `bench/policy_host_time.py` takes 4: between the engine's tensor ops little of the
-        policy's code and data stays in the CPU's caches). False: nothing done, observe fully."""
-        self._quiet_unobserved -= 1
-        if (step.path_nodes is None or Status.FINISHED in map(_status, seqs)
+    def _observe_stretch(self, seqs, step, now: float, next_width: int | None) -> bool:
+        """`observe` of a plain step whose batch is the acceptance model's plain stretch's (no row
+        finished): its timing filed when the cost model is next read, the step counted in the
+        stretch; the state
+        the full `observe` leaves, in a few operations (issue 15: in a real run the full one took
+        ≈ 30 µs a step on the 2-core CPU, where the loop of `bench/policy_host_time.py` takes 4:
+        between the engine's tensor ops little of the policy's code and data stays in the CPU's
+        caches). False: nothing done, observe fully."""
+        if (self.mode == "static" or step.path_nodes is None or Status.FINISHED in map(_status, seqs)
                 or not self.acceptance.extend_stretch(list(map(_request_id, seqs)))):
             return False
         key = (self.cost.bucket_for(len(seqs)), 1)
         previous, self._last = self._last, (now, key)
         self.choices[self._plain_name] += 1
         if previous is not None and previous[1] == key and next_width in (None, 1):
-            self._unfiled.append((len(seqs), now - previous[0]))
+            self.cost.observe_later(len(seqs), 1, now - previous[0])
         return True
-
-    def file_samples(self) -> None:
-        """File the quiet steps' timings in the cost model, in order (before anything reads it)."""
-        if self._unfiled:
-            unfiled, self._unfiled = self._unfiled, []
-            for batch_size, seconds in unfiled:
-                if self.cost.observe(batch_size, 1, seconds):
-                    self._log_table_once(batch_size)
-
-    def _log_table_once(self, batch_size: int) -> None:
-        bucket = self.cost.bucket_for(batch_size)
-        if bucket not in self.cost.logged and None not in self.cost.table(batch_size).values():
-            self.cost.logged.add(bucket)
-            log.info("%s (policy host time so far %.2f ms)", self.cost.format_table(batch_size), self.host_seconds * 1e3)
 
     def interrupt(self) -> None:
         """Something other than a decode step ran (a prefill): the next step is not timed."""

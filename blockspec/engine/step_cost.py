@@ -54,6 +54,7 @@ class StepCostModel:
         # Read every step for every width, changed by one key a step: kept, not recomputed.
         self._tables: dict[int, dict[int, float | None]] = {}    # bucket → width → `measured`
         self._stale: set[tuple[int, int]] = set()                 # kept entries with newer samples
+        self._pending: list[tuple[int, int, float]] = []          # `observe_later`'s, not yet filed
         self._buckets: dict[int, int] = {}                        # batch size → `bucket_for`
         self.logged: set[int] = set()        # buckets whose table was logged
         # (bucket, width, sampling variant) → seconds of the step's GPU work alone, timed at
@@ -97,6 +98,16 @@ class StepCostModel:
             self._tables[bucket][width] = self.measured(bucket, width)
         self._stale.clear()
 
+    def observe_later(self, batch_size: int, width: int, seconds: float) -> None:
+        """`observe`, filed when the model is next read (a plain stretch times every step and reads
+        the table every few: issue 15's policy host time)."""
+        self._pending.append((batch_size, width, seconds))
+
+    def _file(self) -> None:
+        pending, self._pending = self._pending, []
+        for batch_size, width, seconds in pending:
+            self.observe(batch_size, width, seconds)
+
     def _stalled(self, key: tuple[int, int], seconds: float) -> bool:
         """A timing over STALL_FACTOR × the step's GPU prior (its dearest variant) is not the
         step's cost but a stall inside its interval (a compile, a collection, the process
@@ -106,6 +117,8 @@ class StepCostModel:
 
     def measured(self, batch_size: int, width: int) -> float | None:
         """Seconds per step timed at this key, or None until it holds `min_samples`."""
+        if self._pending:
+            self._file()
         samples = self._samples.get((self.bucket_for(batch_size), width))
         if samples is None or len(samples) < self.min_samples:
             return None
@@ -190,6 +203,8 @@ class StepCostModel:
         table = self._tables.get(bucket)
         if table is None:
             return self.measured(bucket, width)
+        if self._pending:
+            self._file()
         if self._stale:
             self._refresh()
         return table.get(width)
@@ -210,6 +225,8 @@ class StepCostModel:
         """width → seconds per step timed at this batch's bucket."""
         bucket = self.bucket_for(batch_size)
         table = self._tables.get(bucket)
+        if self._pending:
+            self._file()
         if table is None:
             table = self._tables[bucket] = {w: self.measured(batch_size, w) for w in self.widths}
         elif self._stale:

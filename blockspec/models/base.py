@@ -2,8 +2,9 @@
 
 A family supplies its decoder layers; each layer is called as
 `layer(x, residual, cos, sin, index, cache, plan, backend) -> (x, residual, stream)` (its output
-is x + residual, added by the next norm; `stream` is its input, the previous layer's output) and reaches attention only through `backend` (the engine's
-choice: reference on CPU, Triton on CUDA), never a kernel directly.
+is x + residual, added by the next norm; `stream` is its input, the previous layer's output)
+and reaches attention only through `backend` (the engine's choice: reference on CPU, Triton on
+CUDA), never a kernel directly.
 """
 
 from __future__ import annotations

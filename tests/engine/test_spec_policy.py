@@ -39,6 +39,18 @@ def test_cost_model_discards_warmup_and_needs_min_samples():
 
 @pytest.mark.parametrize("kwargs, field", [({"widths": [2, 4]}, "widths"), ({"buckets": [4, 2]}, "buckets"),
                                            ({"min_samples": 0}, "min_samples"), ({"window": 1}, "window")])
+def test_cost_model_files_later_observations_when_read():
+    """`observe_later` timings enter the estimates before any read, in order, as `observe`'s
+    would (a kept table included)."""
+    model = StepCostModel([1, 2], [1, 2], discard=0, min_samples=2, window=3)
+    assert model.table(1) == {1: None, 2: None}
+    for seconds in (0.9, 0.5, 0.7, 0.6):
+        model.observe_later(1, 1, seconds)
+    assert model.table(1)[1] == 0.5 and model.measured(1, 1) == 0.5     # the window keeps 0.5, 0.7, 0.6
+    model.observe_later(1, 1, 0.8)
+    assert model.timed_at(1, 1) == 0.6                                  # 0.5 left the window
+
+
 def test_cost_model_rejects_bad_settings(kwargs, field):
     args = {"buckets": [1, 2], "widths": [1, 4], "min_samples": 2, **kwargs}
     with pytest.raises(ValueError, match=field):
@@ -177,6 +189,12 @@ def test_probes_are_the_full_width_below_it_and_rare_cost_retimes_at_it(whole_bu
     assert len(oracle[tail]) - oracle[tail].count(8) <= retimes
 
 
+def kept(policy, bucket: int, width: int) -> list[float]:
+    """The timings the cost model keeps for a key, once it has filed the ones observed for later."""
+    policy.cost.table(bucket)
+    return list(policy.cost._samples[bucket, width])
+
+
 def test_a_step_is_timed_only_after_a_step_of_the_same_width_and_bucket():
     """The interval between the ends of two steps is the second's cost only in a steady state:
     after a switch it holds the neighbour's work (an overlapped interval: the previous step's
@@ -196,8 +214,8 @@ def test_a_step_is_timed_only_after_a_step_of_the_same_width_and_bucket():
         clock += dt
         policy.observe(seqs, w, StepResult([[0]] * len(seqs), [0] * len(seqs), [0] * len(seqs), [[]] * len(seqs)),
                        now=clock)
-    assert list(policy.cost._samples[1, 1]) == [0.5, 0.5] and list(policy.cost._samples[1, 4]) == [2.0, 2.0]
-    assert list(policy.cost._samples[2, 1]) == [0.75, 0.75]      # not the 8 s switch, nor the 5 s prefill
+    assert kept(policy, 1, 1) == [0.5, 0.5] and kept(policy, 1, 4) == [2.0, 2.0]
+    assert kept(policy, 2, 1) == [0.75, 0.75]      # not the 8 s switch, nor the 5 s prefill
 
 
 def test_static_policy_always_runs_the_full_width():
@@ -486,10 +504,11 @@ def test_an_overlapped_step_is_not_timed_when_a_step_of_another_width_launched_i
     for w, dt, nxt in [(1, 1.0, 1), (1, 0.5, 1), (1, 3.0, 4), (4, 2.0, 1), (1, 1.0, 1), (1, 0.5, 1), (1, 0.5, None)]:
         clock += dt
         policy.observe(one, w, step, now=clock, next_width=nxt)
-    assert list(policy.cost._samples[1, 1]) == [0.5, 0.5, 0.5]       # not the 3 s interval holding the probe's launch
+    assert kept(policy, 1, 1) == [0.5, 0.5, 0.5]       # not the 3 s interval holding the probe's launch
 
 
 def test_a_buckets_cost_table_is_logged_once_when_its_last_width_is_timed(caplog):
+    """At the first choice that finds every width of the bucket timed, and never again."""
     policy = SpecPolicy("adaptive", 2, False, [1, 2])
     one = [SimpleNamespace(request_id="r", status=Status.RUNNING, params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
     step = StepResult([[0]], [0], [0], [[]])
@@ -498,10 +517,13 @@ def test_a_buckets_cost_table_is_logged_once_when_its_last_width_is_timed(caplog
         for w in [1, 1, 1, 2, 2]:            # plain timed twice (measured), width 2 once: not yet
             clock += 0.001
             policy.observe(one, w, step, now=clock)
+        policy.choose(one)
         assert not caplog.records
         for w in [2, 2, 2, 1, 1]:            # width 2's second timing completes the table; then no repeat
             clock += 0.001
             policy.observe(one, w, step, now=clock)
+            policy._quiet = None
+            policy.choose(one)
     assert len(caplog.records) == 1 and "policy host time" in caplog.records[0].getMessage()
 
 
@@ -614,18 +636,18 @@ def test_a_pending_context_write_is_charged_to_leaving_plain_not_to_staying_spec
 
 
 @pytest.mark.parametrize("overlapped", [False, True])
-def test_a_quiet_steps_short_observe_leaves_what_the_full_one_would(monkeypatch, overlapped):
-    """A quiet step's `observe` only files its timing for later and counts the acceptance
-    model's plain stretch: over a run that settles on plain, with step costs drifting, rows whose
+def test_a_plain_steps_short_observe_leaves_what_the_full_one_would(monkeypatch, overlapped):
+    """A plain step of an unchanged batch's `observe` only files its timing for later and counts
+    the acceptance model's plain stretch: over a run that settles on plain, with step costs drifting, rows whose
     acceptance differs from their class's, and rows finishing and joining, the widths, the cost
     tables and the acceptance figures equal the full observe's, and most steps took the short
     path."""
     def run(short: bool):
         policy = SpecPolicy("adaptive", 8, False, [1, 2, 4])
         policy.overlapped = overlapped
-        taken, real = [0], policy._observe_quietly
-        policy._observe_quietly = (lambda *a: (ok := real(*a), taken.__setitem__(0, taken[0] + ok))[0]) if short \
-            else (lambda *a: (setattr(policy, "_quiet_unobserved", policy._quiet_unobserved - 1), False)[1])
+        taken, real = [0], policy._observe_stretch
+        policy._observe_stretch = (lambda *a: (ok := real(*a), taken.__setitem__(0, taken[0] + ok))[0]) if short \
+            else (lambda *a: False)
         seqs = [SimpleNamespace(request_id=f"r{i}", status=Status.RUNNING,
                                 params=SimpleNamespace(greedy=False, temperature=1.0, seed=None)) for i in range(2)]
         chosen, clock = [], 0.0
@@ -641,7 +663,6 @@ def test_a_quiet_steps_short_observe_leaves_what_the_full_one_would(monkeypatch,
             if seqs[0].status is Status.FINISHED:
                 policy.forget(seqs[0].request_id)
                 seqs = [SimpleNamespace(request_id=f"n{k}", status=Status.RUNNING, params=seqs[1].params), seqs[1]]
-        policy.file_samples()
         ids = [s.request_id for s in seqs]
         return (chosen, policy.cost.table(2), policy.acceptance.expected_totals(ids, lambda i: "t<=1"),
                 dict(policy.choices)), taken[0]

@@ -37,8 +37,6 @@ def test_cost_model_discards_warmup_and_needs_min_samples():
     assert m.estimate(1, 4) is None                      # never borrowed from another bucket
 
 
-@pytest.mark.parametrize("kwargs, field", [({"widths": [2, 4]}, "widths"), ({"buckets": [4, 2]}, "buckets"),
-                                           ({"min_samples": 0}, "min_samples"), ({"window": 1}, "window")])
 def test_cost_model_files_later_observations_when_read():
     """`observe_later` timings enter the estimates before any read, in order, as `observe`'s
     would (a kept table included)."""
@@ -51,6 +49,8 @@ def test_cost_model_files_later_observations_when_read():
     assert model.timed_at(1, 1) == 0.6                                  # 0.5 left the window
 
 
+@pytest.mark.parametrize("kwargs, field", [({"widths": [2, 4]}, "widths"), ({"buckets": [4, 2]}, "buckets"),
+                                           ({"min_samples": 0}, "min_samples"), ({"window": 1}, "window")])
 def test_cost_model_rejects_bad_settings(kwargs, field):
     args = {"buckets": [1, 2], "widths": [1, 4], "min_samples": 2, **kwargs}
     with pytest.raises(ValueError, match=field):

@@ -581,10 +581,10 @@ def test_costs_are_made_monotone_in_the_width_before_the_choice(monkeypatch):
 
 @pytest.mark.parametrize("overlapped", [False, True])
 def test_quiet_plain_stretches_choose_what_the_full_choice_would(monkeypatch, overlapped):
-    """Plain steps of an unchanged batch repeat the choice unrecomputed until a probe or a
-    re-timing could be due: over an adversary's run (plain throughout, probes and re-timings
-    from the credit) the widths are those of the policy without quiet stretches, step for step,
-    and most steps were quiet."""
+    """Plain steps of an unchanged batch repeat the choice unrecomputed until a probe, a
+    re-timing or a first look could be due: over an adversary's run (plain throughout, probes,
+    re-timings and, with requests joining, first looks from the credit) the widths are those of
+    the policy without quiet stretches, step for step, and most steps were quiet."""
     import blockspec.engine.spec_policy as spec_policy
     cost = lambda w: 0.01 * (1 + 0.1 * w)                # noqa: E731
 
@@ -597,18 +597,30 @@ def test_quiet_plain_stretches_choose_what_the_full_choice_would(monkeypatch, ov
         seqs = [SimpleNamespace(request_id=f"r{i}", status=Status.RUNNING,
                                 params=SimpleNamespace(greedy=False, temperature=1.0, seed=None)) for i in range(2)]
         chosen, clock = [], 0.0
-        for _ in range(3000):
+        for k in range(3000):
+            if churn and k % 97 == 96:                     # a row finishes; a request joins
+                seqs[0].status = Status.FINISHED
             w = policy.choose(seqs)
             chosen.append(w)
             clock += cost(w)
             policy.observe(seqs, w, StepResult([[0]] * 2, [0] * 2, [w - 1] * 2, [[]] * 2), now=clock,
                            next_width=w if overlapped else None)
-        return chosen, quiet[0]
+            if seqs[0].status is Status.FINISHED:
+                policy.forget(seqs[0].request_id)
+                seqs = [SimpleNamespace(request_id=f"n{k}", status=Status.RUNNING, params=seqs[1].params), seqs[1]]
+        return chosen, quiet[0], policy.look_worth
 
-    full, none_quiet = run(0)
-    quiet, quiet_steps = run(8)
-    assert none_quiet == 0 and quiet == full
-    assert set(full[200:]) == {1, 2, 4, 8} and quiet_steps > 0.5 * len(full)
+    for churn in (False, True):
+        if churn:       # exploration at its whole rate and a cheap full width: looks come soon after joins
+            monkeypatch.setattr(spec_policy, "MIN_EXPLORE_SCALE", 1.0)
+            cost = lambda w: 0.01 * (1 + 0.02 * w)        # noqa: E731
+        full, none_quiet, _ = run(0)
+        quiet, quiet_steps, look_worth = run(8)
+        assert none_quiet == 0 and quiet == full
+        assert set(full[200:]) == {1, 2, 4, 8} and quiet_steps > 0.5 * len(full)
+    # With churn, first looks stopped being free early on (they never changed the choice), and
+    # joining requests waited for the credit (still wanted during the stretches).
+    assert look_worth < 0.1
 
 
 def test_a_pending_context_write_is_charged_to_leaving_plain_not_to_staying_speculative():
@@ -671,3 +683,23 @@ def test_a_plain_steps_short_observe_leaves_what_the_full_one_would(monkeypatch,
     short, taken = run(short=True)
     assert short == full
     assert taken > 0.5 * len(full[0])
+
+
+def test_a_quiet_stretch_ends_before_a_waiting_first_look_could_be_paid():
+    """A joining request's first look, not free and waiting for the credit, runs at the first
+    step the credit allows it, as without quiet stretches: the stretch after a plain choice
+    ends before then."""
+    policy = SpecPolicy("adaptive", 4, False, [2])
+    for w, c in {1: 1.0, 2: 1.5, 4: 2.0}.items():
+        for _ in range(2):
+            policy.cost.observe(2, w, c)
+    seqs = [SimpleNamespace(request_id=r, status=Status.RUNNING, params=SimpleNamespace(greedy=False, temperature=1.0, seed=None))
+            for r in ("old", "new")]
+    for _ in range(5):                                     # drafts always rejected: plain wins
+        policy.acceptance.observe_step(["old", "new"], lambda i: "t<=1", [[], []], 4)
+    policy._looked.add("old")
+    policy.look_worth, policy._since_probe, policy.probe_interval = 0.0, 0, 16   # a look waits for credit
+    policy._credit = 1.0 - 0.075                          # the look's spend (2.0 − 1.0) less 2.5 steps' credit
+    assert policy.choose(seqs) == 1 and policy._look_wanted
+    assert policy._quiet is not None and policy._quiet[1] == 1   # a stretch, though a look is wanted: one step
+    assert [policy.choose(seqs) for _ in range(2)] == [1, 4]

@@ -55,11 +55,12 @@ row's acceptance estimate is a few steps' noise) does not flip to a chain and ba
 write each time, where a steady chain would barely pay.
 
 Quiet stretches: after a plain choice that explored nothing, the same batch's next steps (at
-most QUIET_STEPS) repeat plain without recomputing the choice, until the soonest step a probe or
-a re-timing could be due (its step count and its credit: `_steps_until`), the counters and the
-credit advancing as the full choice would advance them. At T = 1, where nearly every step is
-plain, this halves the policy's host time; on an adversary's run the widths are the same step
-for step.
+most QUIET_STEPS) repeat plain without recomputing the choice, until the soonest step a probe, a
+re-timing or a first look still waiting for the credit could be due (its step count and its
+credit: `_steps_until`), the counters and the credit advancing as the full choice would advance
+them; such a step's `observe` only files its timing and counts the acceptance model's stretch
+(`_observe_stretch`). At T = 1, where nearly every step is plain, this cuts the policy's host
+time; on an adversary's run, requests joining or not, the widths are the same step for step.
 
 Timing: a step costs the time from the end of the previous step's commit to the end of its own
 — counted only when the previous step ran at the same width and batch bucket with nothing in

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import blockspec.attention.triton_backend as triton_backend  # noqa: E402
 from blockspec.attention.triton_paged import auto_num_splits  # noqa: E402
 from blockspec.llm import LLM  # noqa: E402
-from graph_split import BUNDLED, kernel_table  # noqa: E402
+from graph_split import BUNDLED, emit, kernel_table  # noqa: E402
 
 
 def main() -> int:
@@ -49,9 +48,7 @@ def main() -> int:
             doc[f"{name}_w{w}_kernels"] = kernel_table(engine, args.batch, w, "greedy", top=14)
         del engine
         torch.cuda.empty_cache()
-    print(json.dumps(doc, indent=1))
-    if args.output:
-        Path(args.output).write_text(json.dumps(doc, indent=1))
+    emit(doc, args.output)
     return 0
 
 

@@ -33,6 +33,13 @@ def replay_ms(engine, batches: list[int], widths: set[int]) -> dict[str, float]:
             if b in batches and w in widths}
 
 
+def emit(doc: dict, output: str | None) -> None:
+    """Print the JSON, and write it to `output` when given."""
+    print(json.dumps(doc, indent=1))
+    if output:
+        Path(output).write_text(json.dumps(doc, indent=1))
+
+
 def kernel_table(engine, bucket: int, width: int, variant: str, top: int = 30) -> list[list]:
     """[kernel name, µs, launches] inside one replay of a graph, most time first."""
     from torch.profiler import ProfilerActivity, profile
@@ -89,9 +96,7 @@ def main() -> int:
         DeferredContext.add = add
     doc["spec_w1_minus_plain_ms"] = {k: round(doc["spec"][k] - v, 4) for k, v in doc["plain"].items()}
     doc["ring_ms"] = {k: round(doc["spec"][k] - v, 4) for k, v in doc["spec_no_ring"].items()}
-    print(json.dumps(doc, indent=1))
-    if args.output:
-        Path(args.output).write_text(json.dumps(doc, indent=1))
+    emit(doc, args.output)
     return 0
 
 

@@ -4,7 +4,9 @@ offline --compare-static`'s workload at one concurrency. `bench/policy_host_time
 policy alone in a loop, where its code and data stay in the CPU's caches; between a real
 engine's tensor ops they do not, and the same calls took 5–10× as long on the 2-core CPU.
 
-    OMP_NUM_THREADS=1 python bench/policy_live_time.py [--concurrency 1] [--temperature 1]
+    OMP_NUM_THREADS=1 python bench/policy_live_time.py [--concurrency 1] [--temperature 1] [--split]
+
+`--split`: also the time of the pieces of a full choice and of an observe (µs a call).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--split", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
     llm = LLM(str(BUNDLED / "target"), spec="dflash", draft_model=str(BUNDLED / "drafter"), device=args.device,
@@ -45,8 +48,13 @@ def main() -> int:
     params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)] * len(ids)
     run_concurrency(llm, ids[:args.concurrency], params[:args.concurrency], args.concurrency)   # warm
     policy, samples = llm.engine.policy, {"choose": [], "observe": []}
+    pieces = [(policy, "_choose"), (policy.acceptance, "expected_totals"), (policy, "_costs_or_width_to_time"),
+              (policy, "_charged"), (policy.acceptance, "observe_step"), (policy.cost, "observe")] if args.split else []
+    for owner, name in pieces:
+        samples[name] = []
+    owners = dict([(name, owner) for owner, name in pieces], choose=policy, observe=policy)
     for name, seconds in samples.items():
-        real = getattr(policy, name)
+        real = getattr(owners[name], name)
 
         def timed(*a, _real=real, _seconds=seconds, **kw):
             start = time.perf_counter()
@@ -54,15 +62,17 @@ def main() -> int:
                 return _real(*a, **kw)
             finally:
                 _seconds.append(time.perf_counter() - start)
-        setattr(policy, name, timed)
+        setattr(owners[name], name, timed)
     record = run_concurrency(llm, ids, params, args.concurrency)
     steps = len(samples["choose"])
     doc = {"args": vars(args), "tok_s": round(record["tok_s"], 1), "steps": steps,
            "step_ms": round(record["seconds"] / max(1, steps) * 1e3, 3)}
     for name, seconds in samples.items():
+        if not seconds:
+            continue
         s = sorted(seconds)
-        doc[name + "_us"] = {"mean": round(sum(s) / len(s) * 1e6, 1), "p50": round(s[len(s) // 2] * 1e6, 1),
-                             "p90": round(s[int(len(s) * 0.9)] * 1e6, 1)}
+        doc[name + "_us"] = {"calls": len(s), "mean": round(sum(s) / len(s) * 1e6, 1),
+                             "p50": round(s[len(s) // 2] * 1e6, 1), "p90": round(s[int(len(s) * 0.9)] * 1e6, 1)}
     per_step = (sum(samples["choose"]) + sum(samples["observe"])) / max(1, steps)
     doc["policy_us_per_step"] = round(per_step * 1e6, 1)
     doc["share_of_step"] = round(per_step / (record["seconds"] / max(1, steps)), 4)

@@ -8,6 +8,7 @@
 #    included);
 # 3. bench/policy_live_time.py at c = 1 and 16: the policy's host time inside a real run (≈ 95 µs a
 #    step on average in gpu_session_q's compare-static, 20 % of a plain step at c = 1);
+#    and at c = 16 pinned to width 16, T = 0, the acceptance model's per-row path up to 6 or 64 rows;
 # 4. `bench offline --compare-static` at T = 1 unseeded (3 rounds) and T = 0 (2 rounds), c = 1 / 16
 #    / 64, each concurrency after one untimed round, after the pending context write was charged
 #    to leaving plain (gpu_session_q: T = 1, c = 1 ran 32 % speculating at 0.69 × plain).
@@ -24,6 +25,11 @@ timeout $(cap ${ATTN_S:-100}) python3 bench/attn_calls.py --batch 16 --output "$
 for C in 1 16; do      # the policy's host time inside a real run (bench/policy_live_time.py; 2-core CPU: 50 / 133 µs)
   timeout $(cap 60) python3 bench/policy_live_time.py --device cuda --dtype bfloat16 --concurrency $C \
       --prompts $((C > 1 ? 64 : 16)) --max-tokens 128 2>&1 | grep -v -i "warn\|token indices" | tail -1 | tee -a "$OUT/policy_live_time.txt"
+done
+for SR in 6 64; do      # the acceptance model's per-row path up to SR rows: on the 2-core CPU 64 halved observe's time
+  timeout $(cap 60) python3 bench/policy_live_time.py --device cuda --dtype bfloat16 --concurrency 16 --prompts 64 \
+      --max-tokens 128 --temperature 0 --pin-width 16 --scalar-rows $SR --split 2>&1 | grep -v -i "warn\|token indices" \
+      | tail -1 | tee -a "$OUT/policy_live_time_scalar_rows.txt"
 done
 WARMUP_ROUNDS=1 compare_static "T1u:1:u:3 T0:0::2" 200
 rm -f "$OUT"/*.png

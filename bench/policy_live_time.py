@@ -7,6 +7,9 @@ engine's tensor ops they do not, and the same calls took 5–10× as long on the
     OMP_NUM_THREADS=1 python bench/policy_live_time.py [--concurrency 1] [--temperature 1] [--split]
 
 `--split`: also the time of the pieces of a full choice and of an observe (µs a call).
+`--pin-width W`: every step at width W (the choice itself not run: on this CPU the policy runs
+plain where on a GPU it speculates), so that `observe` learns from real speculative steps.
+`--scalar-rows N`: the acceptance model's per-row path up to N rows (numpy's above).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--split", action="store_true")
+    ap.add_argument("--pin-width", type=int, default=None)
+    ap.add_argument("--scalar-rows", type=int, default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
     llm = LLM(str(BUNDLED / "target"), spec="dflash", draft_model=str(BUNDLED / "drafter"), device=args.device,
@@ -48,6 +53,10 @@ def main() -> int:
     params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)] * len(ids)
     run_concurrency(llm, ids[:args.concurrency], params[:args.concurrency], args.concurrency)   # warm
     policy, samples = llm.engine.policy, {"choose": [], "observe": []}
+    if args.pin_width is not None:
+        policy._choose_quietly, policy._choose = (lambda ids: None), (lambda seqs, ids: args.pin_width)
+    if args.scalar_rows is not None:
+        policy.acceptance.scalar_rows = args.scalar_rows
     pieces = [(policy, "_choose"), (policy.acceptance, "expected_totals"), (policy, "_costs_or_width_to_time"),
               (policy, "_charged"), (policy.acceptance, "observe_step"), (policy.cost, "observe")] if args.split else []
     for owner, name in pieces:

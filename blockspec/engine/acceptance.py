@@ -86,10 +86,14 @@ class AcceptanceModel:
     per request and per class (its batch-wide figures), so that a step's rows update in a few
     array operations: the policy runs this every step, where a Python loop over rows and widths
     cost ≈ 2 µs a row (0.15 ms at 64 rows on a 2-core CPU, against a 2–3 ms GPU step). Batches
-    of at most `scalar_rows` rows take a per-row path instead (numpy's ≈ 1 µs a call outweighs
-    the work below ≈ 6 rows); both compute the same floating-point operations in the same order
-    as that loop did, so the figures are equal bit for bit
-    (tests/engine/test_spec_policy_equivalence.py)."""
+    of at most `scalar_rows` rows take a per-row path instead; both compute the same
+    floating-point operations in the same order as that loop did, so the figures are equal bit
+    for bit (tests/engine/test_spec_policy_equivalence.py). The threshold, 6 rows, is where a
+    loop of the policy's calls alone puts numpy ahead (`bench/policy_host_time.py`). Inside a
+    real run on the 2-core CPU, between the engine's tensor ops, the per-row path was the faster
+    up to 64 rows: a speculative step's `observe_step` 80 against 160 µs at 16 rows, 115 against
+    183 µs at 64 (`bench/policy_live_time.py --temperature 0 --pin-width 16 --scalar-rows 6|64
+    --split`); where a GPU's host stands between the two is to be measured there."""
 
     def __init__(self, widths: list[int], alpha: float = 0.3, batch_alpha: float = 0.05, relax: float = 0.1,
                  scalar_rows: int = 6):

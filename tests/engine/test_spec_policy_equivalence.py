@@ -83,7 +83,7 @@ def _path(rng, ran_width, trees):
     return nodes
 
 
-@pytest.mark.parametrize("scalar_rows", [0, 6, 1000])          # always arrays, the default, always rows
+@pytest.mark.parametrize("scalar_rows", [0, 6, 64, 1000])      # always arrays, a mix, the default, always rows
 @pytest.mark.parametrize("trees", [False, True])
 def test_acceptance_figures_equal_the_reference_bit_for_bit(scalar_rows, trees):
     rng = random.Random(7 + trees)

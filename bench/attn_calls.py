@@ -1,7 +1,10 @@
 """Which paged-attention launches a chain engine's and a DDTree engine's captured decode graphs
 hold (mask mode, queries, page-table width, splits), and each graph's kernels in one replay at one
 bucket and width 1 and the full width (greedy): why a tree engine's steps, plain ones included,
-cost more GPU than a chain engine's (bench/results/gpu_session_q/). CUDA only.
+cost more GPU than a chain engine's (bench/results/gpu_session_q/). Then the bundled target's
+paged attention alone at real contexts (`mask_cost`): causal against a tree mask (a chain's and a
+bushy tree's), since the graph replays run on capture inputs without a cached context. CUDA only
+(`mask_cost` runs anywhere: `python -c "from bench.attn_calls import mask_cost; ..."`).
 
     python bench/attn_calls.py --batch 16 --output /tmp/attn_calls.json
 """
@@ -22,6 +25,52 @@ import blockspec.attention.triton_backend as triton_backend  # noqa: E402
 from blockspec.attention.triton_paged import auto_num_splits  # noqa: E402
 from blockspec.llm import LLM  # noqa: E402
 from graph_split import BUNDLED, emit, kernel_table  # noqa: E402
+
+
+def mask_cost(batch: int = 16, width: int = 16, contexts=(0, 256, 1024), reps: int = 50,
+              device: str = "cuda", dtype=torch.bfloat16, heads: int = 5, kv_heads: int = 1, head_dim: int = 64,
+              page_size: int = 16) -> dict:
+    """ms per `paged_attention` call at each cached context: causal, a chain's tree mask, a
+    bushy tree's mask (each node's parent (i − 1) // 2)."""
+    import time
+    from blockspec.attention.triton_paged import paged_attention
+    from blockspec.speculative.tree import tree_attention_mask
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for ctx in contexts:
+        pages = (ctx + width) // page_size + 1
+        slots = batch * pages * page_size
+        k = torch.randn(slots, kv_heads, head_dim, generator=g).to(device, dtype)
+        v = torch.randn(slots, kv_heads, head_dim, generator=g).to(device, dtype)
+        q = torch.randn(batch, width, heads, head_dim, generator=g).to(device, dtype)
+        table = torch.arange(batch * pages, device=device).view(batch, pages)
+        prefix = torch.full((batch,), ctx, device=device)
+        new = torch.full((batch,), width, device=device)
+        node = torch.arange(width)
+        chain = tree_attention_mask((node - 1).expand(batch, -1)).to(device)
+        bushy = tree_attention_mask(torch.where(node > 0, (node - 1) // 2, -1).expand(batch, -1)).to(device)
+        row, outputs = {}, {}
+        for name, mode, mask in (("causal", "causal", None), ("tree_chain", "tree", chain), ("tree_bushy", "tree", bushy)):
+            call = lambda: paged_attention(q, k, v, table, prefix, new, 0.125, page_size, mode, mask)  # noqa: E731
+            outputs[name] = call()
+            if device == "cuda":
+                torch.cuda.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(reps):
+                    call()
+                end.record()
+                end.synchronize()
+                row[name] = round(start.elapsed_time(end) / reps, 4)
+            else:
+                begin = time.perf_counter()
+                for _ in range(reps):
+                    call()
+                row[name] = round((time.perf_counter() - begin) / reps * 1e3, 4)
+        # A chain's tree mask is the causal one: the same attention (a check beside the timing).
+        row["chain_vs_causal_max_diff"] = float((outputs["tree_chain"].float() - outputs["causal"].float()).abs().max())
+        out[f"context {ctx}"] = row
+    return out
 
 
 def main() -> int:
@@ -48,6 +97,7 @@ def main() -> int:
             doc[f"{name}_w{w}_kernels"] = kernel_table(engine, args.batch, w, "greedy", top=14)
         del engine
         torch.cuda.empty_cache()
+    doc["mask_cost_ms"] = mask_cost(args.batch)
     emit(doc, args.output)
     return 0
 

@@ -6,7 +6,8 @@
 #    cut: here alone first, with its traceback), then the other graph, deferred-context and
 #    append-kernel tests;
 # 2. bench/attn_calls.py: each engine's paged-attention launches and the kernels of its width-1 and
-#    width-16 graphs (why the DDTree engine's graphs cost 1.3–1.9× the chain engine's);
+#    width-16 graphs (why the DDTree engine's graphs cost 1.3–1.9× the chain engine's), and paged
+#    attention alone at cached contexts 0 / 256 / 1024, causal against tree masks;
 # 3. bench/policy_live_time.py: the policy's host time inside a real run at c = 1 and 16 (≈ 95 µs a
 #    step on average in gpu_session_q, 20 % of a plain step at c = 1), and at c = 16 pinned to
 #    width 16, T = 0, the acceptance model's per-row path up to 6 or 64 rows (on the 2-core CPU 64

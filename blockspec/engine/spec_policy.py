@@ -23,7 +23,7 @@ row's tokens do not depend on the width at all (it samples by the exponential ra
 
 Exploration: a bucket's first steps time the candidate widths (lazily, the full width first,
 then narrowest first, each until it holds `min_samples` timings; one that could not win even at
-its narrower neighbour's cost is skipped: `_costs_or_width_to_time`). Then three kinds of
+its narrower neighbour's cost is skipped: engine/cold_bucket.py). Then three kinds of
 exploration, paid from one credit that accrues PROBE_BUDGET of each step's cost, so that together
 they add at most that share of the time:
 - acceptance probes: while the choice is narrower than the full width, at least `probe_interval`
@@ -85,6 +85,7 @@ from collections import Counter, deque
 from operator import attrgetter
 
 from blockspec.engine.acceptance import AcceptanceModel, ema, temperature_class
+from blockspec.engine.cold_bucket import ColdBuckets
 from blockspec.engine.config import SPEC_POLICIES
 from blockspec.engine.sequence import Status
 from blockspec.engine.step_cost import StepCostModel, best_width, monotone_costs, robust_seconds
@@ -99,9 +100,7 @@ MIN_EXPLORE_SCALE = 1 / 8   # the budget's floor while probes and looks keep cha
 LOOK_WORTH = 0.1       # first looks that changed the choice this often are run without the budget …
 LOOK_FREE_ROWS = 2     # … in batches this small (a look runs the whole batch wide, for one request)
 MAX_PROBE_SPACING = 512   # steps: probes and re-timings come at least this often
-PRIOR_MARGIN = 0.1     # an untimed width estimated from priors is timed unless it loses by more
 QUIET_STEPS = 8        # plain steps of an unchanged batch that repeat the last choice unrecomputed
-COLD_RECHECK = 8       # choices a bucket's bounds on its untimed widths are kept for (`_cold_bounds`)
 
 
 def candidate_widths(full_width: int) -> list[int]:
@@ -132,6 +131,7 @@ class SpecPolicy:
         # which is where compiles and first-use allocations land.
         self.cost = StepCostModel(buckets, sorted(set(self.widths) | {1}), discard=0, min_samples=2)
         self.acceptance = AcceptanceModel(self.widths)
+        self.cold = ColdBuckets(self.cost, self.widths, full_width)
         self.min_probe, self.max_probe = probe_interval, max_probe_interval
         self.probe_interval, self._since_probe, self._before_probe = probe_interval, 0, None
         self._probes = 0                           # cost probes run: which candidate the next one times
@@ -159,7 +159,6 @@ class SpecPolicy:
         # the proposer's `context_pending`), and the last such writes' host times (`observe_flush`).
         self.context_pending = lambda: False
         self._flush_seconds: deque = deque(maxlen=15)
-        self._cold: dict[int, tuple] = {}    # bucket → (key, choices left, `_cold_bounds`)
         # A quiet stretch (`_choose_quietly`): (its batch's ids, steps left, credit a step, the
         # credit's cap), or None.
         self._quiet: tuple[list[str], int, float, float] | None = None
@@ -328,81 +327,15 @@ class SpecPolicy:
 
     def _costs_or_width_to_time(self, B: int, totals: dict[int, float],
                                 variant=lambda: "sampled") -> tuple[dict, int | None]:
-        """(the bucket's cost per width, None), or (its partial table, the next width it must
-        time first): the full width
-        (its steps observe every draft position, so acceptance is known early; unless a smaller
-        bucket timed it: acceptance is then known, and it goes in turn), then the others
-        narrowest first, each only if it could win: costs grow with the width and the batch, so
-        an untimed one costs at least its widest timed narrower one and its cost at a smaller
-        bucket (`floor_from_smaller`), and with startup priors (CUDA graphs) at
-        least what a timed width plus the priors' difference says (`estimate_from_prior`); if
-        at that cost its expected tokens lose to the best timed rate (by over PRIOR_MARGIN, for
-        an estimate) it is skipped, the estimate standing in for its cost (a cost re-timing
-        reaches it later). On a CPU at T = 1 a 16-wide step costs 8 plain ones at batch 16, and
-        timing every width of a cold bucket took 8 s of a 20 s run; on the H100 a cold bucket
-        of 64 rows spent 15 of a 50-step run timing widths. `variant()`: the batch's sampling
-        variant (which priors apply), asked only here, on a cold bucket."""
-        table = self.cost.table(B)
-        costs = {w: table[w] for w in self.widths}
-        if None not in costs.values():            # a warm bucket: every step but the first few
-            if len(self.cost.logged) < len(self.cost.buckets) and self.cost.bucket_for(B) not in self.cost.logged:
-                self.cost.logged.add(self.cost.bucket_for(B))
+        """`ColdBuckets.costs_or_width_to_time`; a bucket's table is logged once, at the first
+        choice that finds it complete."""
+        costs, to_time = self.cold.costs_or_width_to_time(B, totals, variant)
+        if to_time is None and len(self.cost.logged) < len(self.cost.buckets):
+            bucket = self.cost.bucket_for(B)
+            if bucket not in self.cost.logged and None not in self.cost.table(B).values():
+                self.cost.logged.add(bucket)
                 log.info("%s (policy host time so far %.2f ms)", self.cost.format_table(B), self.host_seconds * 1e3)
-            return costs, None
-        timed = {w: c for w, c in costs.items() if c is not None}
-        kind = variant() if self.cost.priors else "sampled"
-        floors, nearest, from_priors, from_neighbour = self._cold_bounds(B, timed, kind)
-        # Where the nearest timed bucket says the full width loses to plain by over the margin (a
-        # CPU at T = 1: a batch shrinking through cold buckets as requests finish ran one
-        # untimed 16-wide step at each, 5–9 plain steps apiece), plain is timed first and the
-        # other widths estimated from it as they cost there; elsewhere the full width goes first:
-        # its steps are also a look at every row's acceptance (without it, scripted runs where
-        # speculation pays committed 3–8 % fewer tokens per second).
-        loses_there = nearest is not None and (
-            totals[self.full_width] / nearest[1] < (1.0 - PRIOR_MARGIN) * totals[1] / nearest[0])
-        if costs[self.full_width] is None and floors[self.full_width] is None and not loses_there:
-            return costs, self.full_width
-        best_rate = max((totals[w] / c for w, c in timed.items()), default=None)
-        for w in self.widths:
-            if costs[w] is not None:
-                continue
-            bound = max((c for v, c in timed.items() if v < w), default=None)
-            if floors[w] is not None:
-                bound = max(bound or 0.0, floors[w])
-            estimate = from_priors[w]
-            if estimate is None and loses_there:
-                estimate = from_neighbour[w]
-            if estimate is not None:
-                bound = max(bound or 0.0, estimate)
-            margin = 1.0 - PRIOR_MARGIN if estimate is not None else 1.0
-            if bound is None or best_rate is None or totals[w] / bound > best_rate * margin:
-                return costs, w
-            costs[w] = bound
-        return costs, None
-
-    def _cold_bounds(self, B: int, timed: dict[int, float], kind: str) -> tuple[dict, tuple | None, dict, dict]:
-        """What bounds the untimed widths of a bucket, from the cost tables alone: per untimed
-        width its floor at smaller buckets (`floor_from_smaller`) and its estimates from the
-        priors and from the nearest bucket that timed plain and the full width, and that
-        bucket's (plain, full width) costs (None: no bucket has). Kept for COLD_RECHECK
-        choices while the bucket's timed widths and the sampling variant stay the same: a width
-        skipped on these bounds can stay untimed for hundreds of steps, and recomputing them at
-        each choice was half of a full choice's host time at 16 rows (62 of 132 µs inside a run
-        on the 2-core CPU)."""
-        bucket = self.cost.bucket_for(B)
-        key = (kind, tuple(timed))
-        cached = self._cold.get(bucket)
-        if cached is not None and cached[0] == key and cached[1] > 0:
-            self._cold[bucket] = (key, cached[1] - 1, cached[2])
-            return cached[2]
-        untimed = [w for w in self.widths if w not in timed]
-        b = self.cost.nearest_with(B, (1, self.full_width))
-        nearest = None if b is None else (self.cost.timed_at(b, 1), self.cost.timed_at(b, self.full_width))
-        bounds = ({w: self.cost.floor_from_smaller(B, w) for w in untimed}, nearest,
-                  {w: self.cost.estimate_from_prior(B, w, kind, timed) for w in untimed},
-                  {w: self.cost.estimate_from_neighbour(B, w, timed) for w in untimed})
-        self._cold[bucket] = (key, COLD_RECHECK - 1, bounds)
-        return bounds
+        return costs, to_time
 
     def observe(self, seqs, width: int, step, now: float | None = None, next_width: int | None = None) -> None:
         """Learn from a step run at `width` whose commit ended at `now` (default: now); `step` is

@@ -190,7 +190,7 @@ class StepCostModel:
         """An untimed width's cost at a cold bucket: a timed width's cost here (the nearest
         below, else above) times the two widths' cost ratio at the nearest bucket that timed
         both. Only to decide whether the width is worth timing, never as a measurement (the
-        ratio moves with the batch; the policy takes it with PRIOR_MARGIN, and a re-timing
+        ratio moves with the batch; the policy takes it with `cold_bucket.PRIOR_MARGIN`, and a re-timing
         replaces it)."""
         if not timed:
             return None

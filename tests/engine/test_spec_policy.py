@@ -706,9 +706,9 @@ def test_a_quiet_stretch_ends_before_a_waiting_first_look_could_be_paid():
 
 
 def test_a_cold_buckets_bounds_are_kept_for_a_few_choices_and_redone_when_a_width_is_timed(monkeypatch):
-    """`_cold_bounds` is computed once per COLD_RECHECK choices of a bucket, and again at once
-    when the bucket's timed widths change."""
-    import blockspec.engine.spec_policy as spec_policy
+    """`ColdBuckets.bounds` is computed once per COLD_RECHECK choices of a bucket, and again at
+    once when the bucket's timed widths change."""
+    from blockspec.engine.cold_bucket import COLD_RECHECK
     policy = SpecPolicy("adaptive", 8, False, [1, 2])
     for _ in range(2):
         policy.cost.observe(1, 8, 4.0)
@@ -716,12 +716,12 @@ def test_a_cold_buckets_bounds_are_kept_for_a_few_choices_and_redone_when_a_widt
     real = policy.cost.floor_from_smaller
     monkeypatch.setattr(policy.cost, "floor_from_smaller", lambda B, w: (calls.append(w), real(B, w))[1])
     timed = {8: 4.0}
-    first = policy._cold_bounds(2, timed, "sampled")
+    first = policy.cold.bounds(2, timed, "sampled")
     assert sorted(calls) == [1, 2, 4]                              # one floor per untimed width
-    for _ in range(spec_policy.COLD_RECHECK - 1):
-        assert policy._cold_bounds(2, timed, "sampled") is first
+    for _ in range(COLD_RECHECK - 1):
+        assert policy.cold.bounds(2, timed, "sampled") is first
     assert len(calls) == 3
-    policy._cold_bounds(2, timed, "sampled")                       # kept long enough: redone
+    policy.cold.bounds(2, timed, "sampled")                       # kept long enough: redone
     assert len(calls) == 6
-    policy._cold_bounds(2, {1: 1.0, 8: 4.0}, "sampled")            # plain timed since: redone at once
+    policy.cold.bounds(2, {1: 1.0, 8: 4.0}, "sampled")            # plain timed since: redone at once
     assert len(calls) == 8

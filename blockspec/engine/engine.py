@@ -301,8 +301,7 @@ class Engine:
             # policy (a switch into speculation pays them: engine/spec_policy.py).
             start = time.perf_counter()
             self.proposer.flush_context()
-            if self.policy:
-                self.policy.observe_flush(time.perf_counter() - start)
+            self.policy.observe_flush(time.perf_counter() - start)
         uniforms = self._uniforms(seqs, self.spec_step.uniforms_at(width), [True] * len(seqs))
         processors, num_logprobs = self._step_options(seqs)
         # The graphs carry no processor or logprob state (StepInputs.needs_eager).

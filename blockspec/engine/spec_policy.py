@@ -58,8 +58,7 @@ Quiet stretches: after a plain choice that explored nothing, the same batch's ne
 most QUIET_STEPS) repeat plain without recomputing the choice, until the soonest step a probe, a
 re-timing or a first look still waiting for the credit could be due (its step count and its
 credit: `_steps_until`), the counters and the credit advancing as the full choice would advance
-them; such a step's `observe` only files its timing and counts the acceptance model's stretch
-(`_observe_stretch`). At T = 1, where nearly every step is plain, this cuts the policy's host
+them; such a step's `observe` only files its timing and counts the acceptance model's stretch. At T = 1, where nearly every step is plain, this cuts the policy's host
 time; on an adversary's run, requests joining or not, the widths are the same step for step.
 
 Timing: a step costs the time from the end of the previous step's commit to the end of its own
@@ -165,10 +164,6 @@ class SpecPolicy:
 
     def name(self, width: int) -> str:
         return config_name(width, self.builds_trees)
-
-    @property
-    def _plain_name(self) -> str:
-        return self._names.get(1) or self._names.setdefault(1, self.name(1))
 
     def choose(self, seqs) -> int:
         """This step's width, from the past only."""
@@ -344,9 +339,14 @@ class SpecPolicy:
         any. Its cost is timed only in a steady state (module docstring)."""
         entered = time.perf_counter()
         now = entered if now is None else now
-        if width == 1 and self._observe_stretch(seqs, step, now, next_width):
-            self.host_seconds += time.perf_counter() - entered
-            return
+        # A plain step of the acceptance model's plain stretch's batch, no row finished: counted in
+        # the stretch (what `observe_step` would do) and its timing filed when the cost model is
+        # next read. The state the full path leaves, in a few operations: inside a real run that
+        # path took ≈ 30 µs a step on the 2-core CPU, where the loop of `bench/policy_host_time.py`
+        # takes 4 (between the engine's tensor ops little of the policy stays in the CPU's caches).
+        short = (width == 1 and self.mode != "static" and step.path_nodes is not None
+                 and Status.FINISHED not in map(_status, seqs)
+                 and self.acceptance.extend_stretch(list(map(_request_id, seqs))))
         key = (self.cost.bucket_for(len(seqs)), width)
         previous, self._last = self._last, (now, key)
         name = self._names.get(width) or self._names.setdefault(width, self.name(width))
@@ -354,8 +354,14 @@ class SpecPolicy:
         if self.mode == "static":
             return
         if previous is not None and previous[1] == key and next_width in (None, width):
-            self.cost.observe(len(seqs), width, now - previous[0])
-        live, paths = seqs, step.path_nodes
+            (self.cost.observe_later if short else self.cost.observe)(len(seqs), width, now - previous[0])
+        if not short:
+            self._learn(seqs, width, step.path_nodes)
+        self.host_seconds += time.perf_counter() - entered
+
+    def _learn(self, seqs, width: int, paths) -> None:
+        """The acceptance model and first looks learn from a step's live rows."""
+        live = seqs
         # C-level passes over the rows: a Python loop (getattr, the class) cost ≈ 1 µs a row.
         if Status.FINISHED in map(_status, seqs):     # (finished: already forgotten)
             keep = [i for i, s in enumerate(seqs) if s.status is not Status.FINISHED]
@@ -366,25 +372,6 @@ class SpecPolicy:
             self._look_wanted = False
         if paths is not None:                   # plain rows too: their wider widths relax
             self.acceptance.observe_step(live_ids, lambda i: temperature_class(live[i].params), paths, width)
-        self.host_seconds += time.perf_counter() - entered
-
-    def _observe_stretch(self, seqs, step, now: float, next_width: int | None) -> bool:
-        """`observe` of a plain step whose batch is the acceptance model's plain stretch's (no row
-        finished): its timing filed when the cost model is next read, the step counted in the
-        stretch; the state
-        the full `observe` leaves, in a few operations (issue 15: in a real run the full one took
-        ≈ 30 µs a step on the 2-core CPU, where the loop of `bench/policy_host_time.py` takes 4:
-        between the engine's tensor ops little of the policy's code and data stays in the CPU's
-        caches). False: nothing done, observe fully."""
-        if (self.mode == "static" or step.path_nodes is None or Status.FINISHED in map(_status, seqs)
-                or not self.acceptance.extend_stretch(list(map(_request_id, seqs)))):
-            return False
-        key = (self.cost.bucket_for(len(seqs)), 1)
-        previous, self._last = self._last, (now, key)
-        self.choices[self._plain_name] += 1
-        if previous is not None and previous[1] == key and next_width in (None, 1):
-            self.cost.observe_later(len(seqs), 1, now - previous[0])
-        return True
 
     def interrupt(self) -> None:
         """Something other than a decode step ran (a prefill): the next step is not timed."""

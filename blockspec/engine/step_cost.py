@@ -108,6 +108,13 @@ class StepCostModel:
         for batch_size, width, seconds in pending:
             self.observe(batch_size, width, seconds)
 
+    def _catch_up(self) -> None:
+        """File the timings observed for later and re-estimate the kept entries they changed."""
+        if self._pending:
+            self._file()
+        if self._stale:
+            self._refresh()
+
     def _stalled(self, key: tuple[int, int], seconds: float) -> bool:
         """A timing over STALL_FACTOR × the step's GPU prior (its dearest variant) is not the
         step's cost but a stall inside its interval (a compile, a collection, the process
@@ -200,14 +207,9 @@ class StepCostModel:
 
     def timed_at(self, bucket: int, width: int) -> float | None:
         """Seconds per step at `bucket` (a bucket size) and `width`, or None until timed."""
+        self._catch_up()
         table = self._tables.get(bucket)
-        if table is None:
-            return self.measured(bucket, width)
-        if self._pending:
-            self._file()
-        if self._stale:
-            self._refresh()
-        return table.get(width)
+        return table.get(width) if table is not None else self.measured(bucket, width)
 
     def format_priors(self) -> str:
         """The priors as one line per bucket (ms), for the startup log."""
@@ -224,13 +226,10 @@ class StepCostModel:
     def table(self, batch_size: int) -> dict[int, float | None]:
         """width → seconds per step timed at this batch's bucket."""
         bucket = self.bucket_for(batch_size)
+        self._catch_up()
         table = self._tables.get(bucket)
-        if self._pending:
-            self._file()
         if table is None:
             table = self._tables[bucket] = {w: self.measured(batch_size, w) for w in self.widths}
-        elif self._stale:
-            self._refresh()
         return dict(table)
 
     def format_table(self, batch_size: int) -> str:

@@ -125,10 +125,9 @@ class DeferredContext:
         """Append with `append_rows_triton` (two launches where the torch form makes about eleven)
         once it matches the reference on a probe that wraps the ring and holds padding; the log
         says when it does not."""
-        F = self.features.shape[1]
-        probe = lambda append, device: _probe_append(append, F, device)  # noqa: E731
-        error = kernel_mismatch(lambda: probe(append_rows_triton, self.head.device), lambda: probe(append_rows, "cpu"), (),
-                                self.head.device)
+        F, device = self.features.shape[1], self.head.device
+        error = kernel_mismatch(lambda: _probe_append(append_rows_triton, F, device),
+                                lambda: _probe_append(append_rows, F, "cpu"), (), device)
         if error:
             log.warning("the deferred context's append kernel is unusable (%s): torch ops append its rows", error)
         else:

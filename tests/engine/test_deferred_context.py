@@ -152,7 +152,8 @@ def test_a_later_prompt_is_not_overwritten_by_an_earlier_requests_late_rows(qwen
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="real CUDA-graph capture (the ring itself is tested on CPU above); "
                                              "passed on an H100: bench/gpu_session_o.sh, bench/results/"
-                                             "gpu_session_o/cuda_tests_log.txt (65 passed)")
+                                             "gpu_session_o/cuda_tests_log.txt (65 passed); with the append "
+                                             "kernel in bench/results/gpu_session_q/README.md, call 10 (11 passed)")
 def test_captured_plain_steps_append_their_rows(qwen3_dir, drafter, monkeypatch):
     """Replays of captured plain steps append exactly their live rows: the device's write
     position equals the host's count (capture and timing replays, all padding, appended none)."""

@@ -657,9 +657,9 @@ def test_a_plain_steps_short_observe_leaves_what_the_full_one_would(monkeypatch,
     def run(short: bool):
         policy = SpecPolicy("adaptive", 8, False, [1, 2, 4])
         policy.overlapped = overlapped
-        taken, real = [0], policy._observe_stretch
-        policy._observe_stretch = (lambda *a: (ok := real(*a), taken.__setitem__(0, taken[0] + ok))[0]) if short \
-            else (lambda *a: False)
+        taken, real = [0], policy.acceptance.extend_stretch
+        policy.acceptance.extend_stretch = (lambda ids: (ok := real(ids), taken.__setitem__(0, taken[0] + ok))[0]) \
+            if short else (lambda ids: False)
         seqs = [SimpleNamespace(request_id=f"r{i}", status=Status.RUNNING,
                                 params=SimpleNamespace(greedy=False, temperature=1.0, seed=None)) for i in range(2)]
         chosen, clock = [], 0.0

@@ -19,6 +19,10 @@
 set -uo pipefail
 source bench/device_prelude.sh
 if [ "${PART:-1}" = 1 ]; then
+  if grep -q H200 "$OUT/device.txt"; then   # issue 14 asks its Kimi-slice figure on this card
+    timeout $(cap ${SLICE_S:-150}) python3 -m blockspec.cli bench step --shape kimi-k2-slice --int4-experts --profile \
+        --output "$OUT/step_kimi_slice_int4_h200.json" 2>&1 | grep -v -i warn | tail -14 | tee "$OUT/step_kimi_slice_int4_h200.txt"
+  fi
   timeout $(cap 90) python3 -m pytest -q -x -p no:cacheprovider -rfE "tests/engine/test_cuda_graphs.py" -k "ddtree" \
       > "$OUT/cuda_tests_ddtree_log.txt" 2>&1
   grep -E "passed|failed|Error|assert" "$OUT/cuda_tests_ddtree_log.txt" | head -20

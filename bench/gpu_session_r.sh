@@ -35,6 +35,8 @@ if [ "${PART:-1}" = 1 ]; then
         --prompts $((C > 1 ? 64 : 16)) --max-tokens 128 2>&1 | grep -v -i "warn\|token indices" | tail -1 \
         | tee -a "$OUT/policy_live_time.txt"
   done
+  timeout $(cap 60) python3 bench/policy_live_time.py --device cuda --dtype bfloat16 --concurrency 16 --prompts 64 \
+      --max-tokens 128 --temperature 0 --split 2>&1 | grep -v -i "warn\|token indices" | tail -1 | tee -a "$OUT/policy_live_time.txt"
   for SR in 6 64; do
     timeout $(cap 60) python3 bench/policy_live_time.py --device cuda --dtype bfloat16 --concurrency 16 --prompts 64 \
         --max-tokens 128 --temperature 0 --pin-width 16 --scalar-rows $SR --split 2>&1 | grep -v -i "warn\|token indices" \

@@ -171,15 +171,7 @@ class AcceptanceModel:
                 return dict(zip(self.widths, [b + f * d for b, d in zip(stretch.base_sum, stretch.diff_sum)]))
             self._settle()
         B = len(request_ids)
-        last = self._last_batch
-        if last is not None and last[0] == request_ids:
-            rows, idx = last[1], last[2]
-        else:
-            rows = list(map(self._rows.get, request_ids))     # C-level: a Python loop costs ≈ 0.1 µs a row
-            if None in rows:                                  # not observed yet: their class's figures
-                rows, idx = [self._class_row(klass_of(i)) if row is None else row for i, row in enumerate(rows)], None
-            else:
-                idx = self._remember(request_ids, rows)
+        rows, idx = self._read_rows(request_ids, klass_of)
         if B <= self.scalar_rows:
             totals = [float(B)] * len(self.widths)
             for row in rows:
@@ -198,6 +190,17 @@ class AcceptanceModel:
             values[0] += B
             totals = np.add.accumulate(values, 0)[-1].tolist()
         return dict(zip(self.widths, totals))
+
+    def _read_rows(self, request_ids: list[str], klass_of) -> tuple[list[int], np.ndarray | None]:
+        """The table rows a read of these requests takes (a request not observed yet: its class's)
+        and, when every request has its own, their index."""
+        last = self._last_batch
+        if last is not None and last[0] == request_ids:
+            return last[1], last[2]
+        rows = list(map(self._rows.get, request_ids))     # C-level: a Python loop costs ≈ 0.1 µs a row
+        if None in rows:                                  # not observed yet: their class's figures
+            return [self._class_row(klass_of(i)) if row is None else row for i, row in enumerate(rows)], None
+        return rows, self._remember(request_ids, rows)
 
     def _figures(self, row: int) -> list[float]:
         """A table row's figures with the missing ones taken from its class, then the prior."""
@@ -235,12 +238,16 @@ class AcceptanceModel:
                 rows = [self._request_row(r, klass_of(i)) if row is None else row
                         for i, (r, row) in enumerate(zip(request_ids, rows))]
             idx = self._remember(request_ids, rows)
-        if B <= self.scalar_rows:
-            self._observe_rows(rows, path_nodes, [ran_width] * B if isinstance(ran_width, int) else ran_width)
-        else:
-            self._observe_table(rows, idx, path_nodes, ran_width)
+        self._observe(rows, idx, path_nodes, ran_width)
         if plain:
             self._begin_stretch(request_ids, rows, idx)
+
+    def _observe(self, rows: list[int], idx: np.ndarray, path_nodes: list[list[int]], ran_width) -> None:
+        """Move the step's rows' figures (and their classes') by what it observed."""
+        if len(rows) <= self.scalar_rows:
+            self._observe_rows(rows, path_nodes, [ran_width] * len(rows) if isinstance(ran_width, int) else ran_width)
+        else:
+            self._observe_table(rows, idx, path_nodes, ran_width)
 
     def extend_stretch(self, request_ids: list[str]) -> bool:
         """`observe_step` of a plain step of the current stretch's batch (what it would do there,

@@ -8,7 +8,8 @@ first w nodes, which is the tree of that budget). The step picks
 
 — expected committed tokens per second of the whole batch (`best_width`), with plain always
 a candidate, so on the measured figures a step never chooses to be slower than plain decoding.
-E comes from `engine/acceptance.py`, cost from `engine/step_cost.py`.
+E comes from `engine/chain_acceptance.py` for chains and `engine/acceptance.py` for trees, cost
+from `engine/step_cost.py`.
 
 Per batch, not per row: the verify is a padded `[B, W]` forward, so its cost depends on the
 batch's width only and a row cut to width 1 inside a wider batch saves nothing; every row gets
@@ -84,6 +85,7 @@ from collections import Counter, deque
 from operator import attrgetter
 
 from blockspec.engine.acceptance import AcceptanceModel, ema, temperature_class
+from blockspec.engine.chain_acceptance import ChainAcceptance
 from blockspec.engine.cold_bucket import ColdBuckets
 from blockspec.engine.config import SPEC_POLICIES
 from blockspec.engine.sequence import Status
@@ -129,7 +131,9 @@ class SpecPolicy:
         # No sample discarded: a width's first step after a switch is never timed (`observe`),
         # which is where compiles and first-use allocations land.
         self.cost = StepCostModel(buckets, sorted(set(self.widths) | {1}), discard=0, min_samples=2)
-        self.acceptance = AcceptanceModel(self.widths)
+        # Chains: per-position rates, which every step teaches (engine/chain_acceptance.py); trees:
+        # per-width figures, observed up to the width run.
+        self.acceptance = AcceptanceModel(self.widths) if builds_trees else ChainAcceptance(self.widths)
         self.cold = ColdBuckets(self.cost, self.widths, full_width)
         self.min_probe, self.max_probe = probe_interval, max_probe_interval
         self.probe_interval, self._since_probe, self._before_probe = probe_interval, 0, None

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from blockspec.engine.acceptance import AcceptanceModel, counterfactual_accepts, ema, temperature_class
+from blockspec.engine.chain_acceptance import ChainAcceptance
 from blockspec.engine.sequence import Status
 from blockspec.engine.spec_policy import (MAX_PROBE_SPACING, PROBE_BUDGET, SpecPolicy, best_width, candidate_widths,
                                           config_name)
@@ -248,6 +249,27 @@ def test_engine_config_rejects_an_unknown_policy():
         EngineConfig(model="m", spec_policy="fastest").validate()
 
 
+def set_class_figures(acceptance, klass: str, figures: list[float]) -> None:
+    """Give a class these expected accepted drafts per width: per-width figures as they are, or
+    (`ChainAcceptance`) the per-position rates that yield them, constant between two widths."""
+    row = acceptance._class_row(klass)
+    if not isinstance(acceptance, ChainAcceptance):
+        acceptance._table[row] = figures
+        return
+    rates, reach, done = [], 1.0, 0.0
+    for w_prev, w, target in zip(acceptance.widths, acceptance.widths[1:], figures[1:]):
+        n, want = w - w_prev, target - done                  # positions w_prev … w − 1 add `want`
+        lo, hi = 0.0, 1.0
+        for _ in range(60):                                  # reach · (h + … + h^n) = want
+            h = (lo + hi) / 2
+            lo, hi = (h, hi) if reach * sum(h ** k for k in range(1, n + 1)) < want else (lo, h)
+        rates += [lo] * n
+        reach, done = reach * lo ** n, target
+    acceptance._table[row] = rates
+    assert [round(v, 6) for v in acceptance.expected_totals(["nobody"], lambda i: klass).values()] == \
+        [round(1 + f, 6) for f in figures]
+
+
 def test_a_cold_bucket_skips_widths_that_cannot_win_even_at_a_narrower_cost():
     """The full width first (it observes every draft position), then narrowest first; a width
     whose expected tokens lose to the best timed rate even at its widest timed narrower width's
@@ -255,7 +277,7 @@ def test_a_cold_bucket_skips_widths_that_cannot_win_even_at_a_narrower_cost():
     policy = SpecPolicy("adaptive", 8, False, [1, 2])
     seqs = [SimpleNamespace(request_id="r", status=Status.RUNNING, params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
     acceptance = policy.acceptance        # drafts mostly rejected: the class's figures, which "r" reads
-    acceptance._table[acceptance._class_row("greedy")] = [0.0, 0.1, 0.15, 0.2]
+    set_class_figures(acceptance, "greedy", [0.0, 0.1, 0.15, 0.2])
     policy._looked.add("r")               # (seen at the full width already: no first look)
     assert policy._costs_or_width_to_time(1, {1: 1.0, 2: 1.1, 4: 1.15, 8: 1.2})[1] == 8
     for w, cost in ((8, 5.0), (1, 1.0), (2, 3.0)):
@@ -379,16 +401,19 @@ def test_a_joining_request_gets_a_first_look_so_a_low_class_figure_does_not_keep
     """The first request's drafts are all rejected, every later one's all accepted. The class figure
     the first leaves is low; each later request is run once at the full width (a first look, paid
     from the probe budget) and then speculates on its own figure. Negative control: without first
-    looks the next request starts from the low class figure and stays plain most of its life."""
+    looks the next request starts from the low class figure and stays plain until a probe (with
+    per-position rates a probe then turns it quickly: per-width figures kept it plain most of
+    its life)."""
     accepts = lambda r, w: 0 if r == 0 else w - 1     # noqa: E731
     runs = _serial_requests(SpecPolicy("adaptive", 8, False, [1]), accepts)
     assert runs[0][10:].count(1) >= 0.8 * len(runs[0][10:])
     assert all(run.count(8) >= 0.7 * len(run) for run in runs[1:]), [run.count(8) for run in runs]
+    assert runs[1][0] == 8 and 1 not in runs[1]
 
     blind = SpecPolicy("adaptive", 8, False, [1])
     blind._looked = type("Everyone", (set,), {"issuperset": lambda self, ids: True})()
     runs = _serial_requests(blind, accepts)
-    assert runs[1].count(1) >= 0.7 * len(runs[1])
+    assert runs[1][:8] == [1] * 8
 
 
 def _turning_drafter(turn=800, steps=1200):
@@ -449,7 +474,7 @@ def test_a_width_skipped_while_cold_is_the_first_re_timed():
     """Its cost is only a bound until it is timed: the first re-timing runs it (narrowest first)."""
     policy = SpecPolicy("adaptive", 8, False, [1, 2])
     seqs = [SimpleNamespace(request_id="r", status=Status.RUNNING, params=SimpleNamespace(greedy=True, temperature=0.0, seed=None))]
-    policy.acceptance._table[policy.acceptance._class_row("greedy")] = [0.0, 0.5, 1.0, 2.0]
+    set_class_figures(policy.acceptance, "greedy", [0.0, 0.5, 1.0, 1.7])
     policy._looked.add("r")
     clock, chosen = 0.0, []
     cost = {1: 1.0, 2: 3.0, 4: 3.2, 8: 5.0}

@@ -1,0 +1,157 @@
+"""The adaptive policy's acceptance model for chains: per request, the rate at which each draft
+position is accepted once every position before it was.
+
+A chain of w nodes holds w − 1 drafts, the first w − 1 of the full block's (the drafter makes
+the whole block in one pass: `DFlashProposer.propose`), and its walk accepts a prefix of them.
+Write h_k for the chance that draft k is accepted given drafts 1 … k − 1 were; then
+
+    E[w] = Σ_{k < w} Π_{j ≤ k} h_j      (expected accepted drafts at width w)
+
+A step at width W that accepted a drafts tells: drafts 1 … a accepted; draft a + 1 rejected when
+a < W − 1; nothing of the positions after. Every step teaches its positions, whatever width it
+ran, and a step that ran short of a good stretch (all its drafts accepted) leaves the positions
+past it unobserved rather than counted as rejected. The per-width figures of
+`engine/acceptance.py` cannot take that: a width w > W is not observed by a step at W, so the
+figures of wide chains came only from probes, which run when the choice went narrow because
+drafts were being rejected. Replayed on recorded T = 0 traces at the H100's step costs
+(`blockspec/bench/policy_sim.py`), those figures kept the policy on chain 8 through long accepted
+stretches, 0.92× the static chain 16; these reach 0.97–1.0×.
+
+Each h_k is an EMA (α 0.2: every step teaches the positions it reached, so a rate needs less
+weight on its last observation than a width's figure did; in the replay, 0.3 / 0.2 / 0.1 / 0.05
+gave 0.97 / 1.00 / 1.00 / 0.98× the best static width at T = 0, c = 1) per request and per temperature class (β, moved once a step towards the
+mean of its rows that observed position k, as `AcceptanceModel`), a new request starts from its
+class, positions never observed read as accepted (optimistic: measure before giving up), and
+positions a step did not observe relax (`relax`) towards the class's rate. Plain steps observe
+nothing: a run of them on one batch is kept as a stretch and relaxed in closed form when read.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from blockspec.engine.acceptance import AcceptanceModel, _Stretch
+
+
+class ChainAcceptance(AcceptanceModel):
+    """`AcceptanceModel`'s interface over per-position acceptance rates (module docstring): its
+    table's columns are draft positions 1 … max(widths) − 1, not widths."""
+
+    def __init__(self, widths: list[int], alpha: float = 0.2, batch_alpha: float = 0.05, relax: float = 0.1):
+        super().__init__(widths, alpha, batch_alpha, relax)
+        positions = max(self.widths) - 1
+        self._table = np.full((16, max(positions, 1)), np.nan)      # [rows, positions] h_k
+        self._k = np.arange(max(positions, 1))                       # [P] position k + 1's index
+        self._prior = np.ones(max(positions, 1))                     # never observed: accepted
+        self._reads = np.array([w - 1 for w in self.widths])         # E[w] = S[w − 1], S[0] = 0
+        self._counts = np.zeros(self._table.shape)                  # a request's observations per position
+
+    def _new_row(self) -> int:
+        row = super()._new_row()
+        if len(self._counts) < len(self._table):
+            self._counts = np.concatenate([self._counts, np.zeros((len(self._table) - len(self._counts),
+                                                                  self._counts.shape[1]))])
+        self._counts[row] = 0.0
+        return row
+
+    # ---- reading --------------------------------------------------------------------------------
+    def expected(self, request_id: str, klass: str, width: int) -> float:
+        if width not in self._index:
+            return float(width - 1)
+        return self.expected_totals([request_id], lambda i: klass)[width] - 1.0
+
+    def expected_totals(self, request_ids: list[str], klass_of) -> dict[int, float]:
+        """width → Σ over the rows of 1 + E_row[w]."""
+        stretch = self._stretch
+        if stretch is not None and stretch.ids == request_ids:
+            rates, rows = stretch.relaxed(self.relax), stretch.idx.tolist()
+        else:
+            self._settle()
+            rows, idx = self._read_rows(request_ids, klass_of)
+            if len(rows) <= self.scalar_rows:
+                return self._totals_of_rows(rows)
+            rates = self._table.take(rows if idx is None else idx, 0)
+        if np.isnan(rates).any():
+            fallback = self._table.take(self._classes_of(rows), 0)
+            np.copyto(rates, np.where(np.isnan(fallback), self._prior, fallback), where=np.isnan(rates))
+        sums = np.zeros(rates.shape[1] + 1)
+        sums[1:] = np.cumprod(rates, 1).sum(0).cumsum()               # S[j] summed over the rows
+        return dict(zip(self.widths, (sums[self._reads] + len(request_ids)).tolist()))
+
+    def _totals_of_rows(self, rows: list[int]) -> dict[int, float]:
+        """`expected_totals` a row at a time (few rows)."""
+        sums = [0.0] * (self._table.shape[1] + 1)         # S[j] summed over the rows
+        for row in rows:
+            rates = self._table[row].tolist()
+            if math.isnan(sum(rates)):                  # some rate never observed
+                base = self._table[self._fallback[row]].tolist()
+                rates = [r if r == r else b if b == b else 1.0 for r, b in zip(rates, base)]
+            reach, total = 1.0, 0.0
+            for j, h in enumerate(rates, 1):
+                reach *= h
+                total += reach
+                sums[j] += total
+        B = float(len(rows))
+        return {w: B + sums[w - 1] for w in self.widths}
+
+    # ---- learning -------------------------------------------------------------------------------
+    def _observe(self, rows: list[int], idx: np.ndarray, path_nodes: list[list[int]], ran_width) -> None:
+        """A row's positions 1 … a accepted, a + 1 rejected when a < its width − 1 (`seen`); the
+        others relax towards the class's rate."""
+        B = len(rows)
+        if B <= self.scalar_rows:
+            ran = [ran_width] * B if isinstance(ran_width, int) else ran_width
+            self._observe_rows(rows, path_nodes, [a if a < w - 1 else a - 1 for a, w in zip(map(len, path_nodes), ran)])
+            return
+        table, k = self._table, self._k
+        accepted = np.fromiter(map(len, path_nodes), np.int64, B)[:, None]                  # [B, 1]
+        ran = ran_width if isinstance(ran_width, int) else np.asarray(ran_width)[:, None]
+        took = k < accepted                                                                  # [B, P]
+        seen = took | ((k == accepted) & (accepted < ran - 1))
+        classes = self._classes_of(rows)
+        old, klass = table[idx], table[classes]
+        counts = self._counts[idx] + seen
+        self._counts[idx] = counts
+        rate = np.maximum(self.alpha, 1.0 / (counts + 1.0))
+        new = np.where(seen, old + rate * (took - old), old + self.relax * (klass - old))
+        if np.isnan(new.sum()):   # a rate never observed takes its first observation; one without a class rate stays
+            new = np.where(seen, np.where(np.isnan(old), took, new), np.where(np.isnan(new), old, new))
+        table[idx] = new
+        of = None if len(self._live) == 1 else classes
+        for klass_row in (set(self._live) if of is None else set(of.tolist())):
+            mine = slice(None) if of is None else of == klass_row
+            self._observe_class(klass_row, took[mine].sum(0).tolist(), seen[mine].sum(0).tolist())
+
+    def _observe_rows(self, rows: list[int], path_nodes: list[list[int]], lasts: list[int]) -> None:
+        """`_observe` a row at a time (few rows: numpy's per-call cost dominates there); `lasts`:
+        each row's last position seen (0-based)."""
+        table, counts_table, alpha, relax, P = self._table, self._counts, self.alpha, self.relax, self._table.shape[1]
+        sums: dict[int, tuple[list, list]] = {}
+        for row, path, last in zip(rows, path_nodes, lasts):
+            klass, a, n = self._fallback[row], len(path), last + 1
+            old, counts = table[row].tolist(), counts_table[row].tolist()
+            new = []
+            for o, c, target in zip(old[:n], counts[:n], [1.0] * a + [0.0]):
+                rate = 1.0 / (c + 2.0)
+                rate = rate if rate > alpha else alpha
+                new.append(target if o != o else o + rate * (target - o))
+            base = table[klass].tolist()[n:]
+            new += [o + relax * (b - o) if o == o and b == b else o for o, b in zip(old[n:], base)]
+            table[row] = new
+            counts_table[row, :n] += 1.0
+            total, count = sums.setdefault(klass, ([0.0] * P, [0] * P))
+            for p in range(min(a, P)):
+                total[p] += 1.0
+            for p in range(n):
+                count[p] += 1
+        for klass, (total, count) in sums.items():
+            self._observe_class(klass, total, count)
+
+    def _begin_stretch(self, request_ids: list[str], rows: list[int], idx: np.ndarray) -> None:
+        """After a plain step: its batch's next plain steps only count; each rate relaxes towards
+        its class's (where both are known) in closed form when read or settled."""
+        old, klass = self._table.take(idx, 0), self._table.take(self._classes_of(rows), 0)
+        base = np.where(np.isnan(old) | np.isnan(klass), old, klass)
+        self._stretch = _Stretch(list(request_ids), idx, old, base, [], [])

@@ -2,9 +2,11 @@
 workload at one concurrency (T = 1, 32 held-out ShareGPT prompts, 64 tokens), rounds alternating
 the feature on and off on the same adaptive engine, beside a plain engine; tok/s per round and the
 adaptive rounds' share of plain steps. Features: `quiet` (quiet plain stretches: QUIET_STEPS 8
-against 0), `flush` (a pending drafter-context write charged to leaving plain, against not).
+against 0), `flush` (a pending drafter-context write charged to leaving plain, against not),
+`rates` (chains' per-position acceptance rates, against per-width figures; a fresh model each
+round, either way).
 
-    OMP_NUM_THREADS=1 python bench/policy_ab.py --feature quiet|flush [--concurrency 16] [--rounds 4]
+    OMP_NUM_THREADS=1 python bench/policy_ab.py --feature quiet|flush|rates [--concurrency 16] [--rounds 4]
 """
 import argparse
 import json
@@ -27,7 +29,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--feature", choices=["quiet", "flush"], default="quiet")
+    ap.add_argument("--feature", choices=["quiet", "flush", "rates"], default="quiet")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
@@ -44,6 +46,9 @@ def main() -> int:
     def feature(on: bool) -> None:
         if args.feature == "quiet":
             spec_policy.QUIET_STEPS = 8 if on else 0
+        elif args.feature == "rates":
+            policy = adaptive.engine.policy
+            policy.acceptance = (spec_policy.ChainAcceptance if on else spec_policy.AcceptanceModel)(policy.widths)
         else:
             spec_policy.SpecPolicy._charged = charged if on else (lambda self, costs: costs)
     for llm in (adaptive, plain):                  # warm: every bucket once

@@ -55,12 +55,14 @@ class _Row:
 def simulate(traces: list[list[int]], costs: dict[int, dict[int, float]], concurrency: int,
              policy: str | int = "adaptive", max_tokens: int = 128, temperature: float = 1.0,
              noise: float = 0.05, flush: float = 0.0, prefill: float = 0.0, per_token: float = 0.0,
-             seed: int = 0, configure=None) -> dict:
+             seed: int = 0, configure=None, overlap: bool = False) -> dict:
     """Run every trace once as a request, at most `concurrency` at a time. `policy`: "adaptive"
     (a `SpecPolicy` over the widths of `costs`, passed to `configure` first if given) or a
     fixed width. `per_token`: seconds a committed token adds to its step (the host's commit:
-    on the H100 the bundled pair's steps at 16 rows cost ≈ 13 µs a token more). Returns tok/s
-    and steps per width."""
+    on the H100 the bundled pair's steps at 16 rows cost ≈ 13 µs a token more). `overlap`: as
+    the engine's overlapped schedule (CUDA graphs), each step is chosen before the previous
+    one is observed, which is observed with the next one's width; a prefill drains. Returns
+    tok/s and steps per width."""
     rng = random.Random(seed)
     buckets = sorted(costs)
     widths = sorted(costs[buckets[0]])
@@ -71,12 +73,18 @@ def simulate(traces: list[list[int]], costs: dict[int, dict[int, float]], concur
             configure(spec)
         pending = [False]
         spec.context_pending = lambda: pending[0]
+        spec.overlapped = overlap
+    in_flight = None          # (rows, width, step, time) chosen and run, not yet observed
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
     queue = [_Row(f"r{i}", t, max_tokens, params) for i, t in enumerate(traces) if t]
     queue.reverse()
     live, clock, tokens, ran = [], 0.0, 0, Counter()
     while queue or live:
         while queue and len(live) < concurrency:
+            if in_flight is not None:                 # a drain: observed with nothing launched after it
+                spec.interrupt()
+                spec.observe(*in_flight[:3], now=in_flight[3], next_width=None)
+                in_flight = None
             live.append(queue.pop())
             clock += prefill
             if spec is not None:
@@ -102,7 +110,12 @@ def simulate(traces: list[list[int]], costs: dict[int, dict[int, float]], concur
                 pending[0] = True
             step = StepResult([[0] * (a + 1) for a in accepted], accepted, [width - 1] * B,
                               [list(range(1, a + 1)) for a in accepted])
-            spec.observe(live, width, step, now=clock)
+            if overlap:
+                if in_flight is not None:
+                    spec.observe(*in_flight[:3], now=in_flight[3], next_width=width)
+                in_flight = (list(live), width, step, clock)
+            else:
+                spec.observe(live, width, step, now=clock)
             for row in live:
                 if row.status is Status.FINISHED:
                     spec.forget(row.request_id)
@@ -135,13 +148,14 @@ def main() -> int:
     ap.add_argument("--flush", type=float, default=0.0)
     ap.add_argument("--prefill", type=float, default=0.0)
     ap.add_argument("--per-token", type=float, default=0.0)
+    ap.add_argument("--overlap", action="store_true")
     ap.add_argument("--seeds", type=int, default=3)
     args = ap.parse_args()
     doc = json.loads(Path(args.traces).read_text())
     costs = {int(b): {int(w): float(s) for w, s in row.items()} for b, row in json.loads(args.costs).items()}
     for c in args.concurrency:
         out = compare(doc["traces"], costs, c, args.seeds, temperature=doc["temperature"], noise=args.noise,
-                      flush=args.flush, prefill=args.prefill, per_token=args.per_token)
+                      flush=args.flush, prefill=args.prefill, per_token=args.per_token, overlap=args.overlap)
         print(json.dumps(out))
     return 0
 

@@ -8,6 +8,8 @@
 #   c = 16, T = 0; bench/attn_calls.py (each engine's paged-attention launches and graph kernels,
 #   and paged attention alone at contexts 0 / 256 / 1024, causal against tree masks: issue 16's
 #   sampled trees); compare-static at T = 1 unseeded.
+# PART=3 (≤ 4 min): policy_live_time at c = 1, T = 1 and c = 16, T = 0; attention's mask_cost; the
+#   DDTree graph test.
 # PART=2: the ring, deferred-context and CUDA-graph tests, then compare-static T = 1 unseeded
 #   (3 rounds) and T = 0 (2 rounds).
 # Usage on the device machine, from the repo root:  PART=1 bash bench/gpu_session_r.sh
@@ -33,6 +35,17 @@ if [ "${PART:-1}" = 1 ]; then
       2>&1 | grep -v -i "warn" | tail -30 | tr -s ' \n' ' ' | cut -c1-2500; echo
   WARMUP_ROUNDS=1 compare_static "T1u:1:u:2" 190
   rm -f "$OUT"/*.png
+elif [ "${PART:-1}" = 3 ]; then   # ≤ 4 min: what a short call can still tell
+  for RUN in "1 1 16" "16 0 64"; do
+    read -r C T P <<< "$RUN"
+    timeout $(cap 45) python3 bench/policy_live_time.py --device cuda --dtype bfloat16 --concurrency $C --temperature $T \
+        --split --prompts $P --max-tokens 128 2>&1 | grep -v -i "warn\|token indices" | tail -1 | tee -a "$OUT/policy_live_time.txt"
+  done
+  timeout $(cap 60) python3 -c "import json; from bench.attn_calls import mask_cost; print(json.dumps(mask_cost()))" \
+      2>&1 | tail -3 | tee "$OUT/mask_cost.json"
+  timeout $(cap 60) python3 -m pytest -q -x -p no:cacheprovider -rfE "tests/engine/test_cuda_graphs.py" -k "ddtree" \
+      > "$OUT/cuda_tests_ddtree_log.txt" 2>&1
+  grep -E "passed|failed|Error|assert" "$OUT/cuda_tests_ddtree_log.txt" | head -20
 else
   run_tests ${TEST_S:-100} tests/attention/test_ring_kernel.py tests/engine/test_deferred_context.py \
       tests/engine/test_cuda_graphs.py

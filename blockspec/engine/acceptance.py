@@ -1,4 +1,5 @@
 """The acceptance model of the adaptive policy: expected accepted drafts per request and width.
+(Trees'. Chains have per-position rates, which every step teaches: `engine/chain_acceptance.py`.)
 
 For each request and candidate verify width w the model keeps an exponential moving average of
 the drafts that a step at width w accepts. One step run at width W observes every w ≤ W

@@ -103,7 +103,7 @@ class ChainAcceptance(AcceptanceModel):
         B = len(rows)
         if B <= self.scalar_rows:
             ran = [ran_width] * B if isinstance(ran_width, int) else ran_width
-            self._observe_rows(rows, path_nodes, [a if a < w - 1 else a - 1 for a, w in zip(map(len, path_nodes), ran)])
+            self._observe_few(rows, path_nodes, [a if a < w - 1 else a - 1 for a, w in zip(map(len, path_nodes), ran)])
             return
         table, k = self._table, self._k
         accepted = np.fromiter(map(len, path_nodes), np.int64, B)[:, None]                  # [B, 1]
@@ -124,7 +124,7 @@ class ChainAcceptance(AcceptanceModel):
             mine = slice(None) if of is None else of == klass_row
             self._observe_class(klass_row, took[mine].sum(0).tolist(), seen[mine].sum(0).tolist())
 
-    def _observe_rows(self, rows: list[int], path_nodes: list[list[int]], lasts: list[int]) -> None:
+    def _observe_few(self, rows: list[int], path_nodes: list[list[int]], lasts: list[int]) -> None:
         """`_observe` a row at a time (few rows: numpy's per-call cost dominates there); `lasts`:
         each row's last position seen (0-based)."""
         table, counts_table, alpha, relax, P = self._table, self._counts, self.alpha, self.relax, self._table.shape[1]

@@ -66,14 +66,18 @@ class ChainAcceptance(AcceptanceModel):
         """width → Σ over the rows of 1 + E_row[w]."""
         stretch = self._stretch
         if stretch is not None and stretch.ids == request_ids:
-            rates, rows = stretch.relaxed(self.relax), stretch.idx.tolist()
+            f = (1.0 - self.relax) ** stretch.steps
+            if len(request_ids) <= self.scalar_rows:       # (at T = 1 most full choices read a stretch)
+                return self._totals_of_rates([[b + f * d for b, d in zip(base, diff)]
+                                              for base, diff in zip(stretch.base_sum, stretch.diff_sum)])
+            rates, rows = np.array(stretch.base_sum) + f * np.array(stretch.diff_sum), []
         else:
             self._settle()
             rows, idx = self._read_rows(request_ids, klass_of)
             if len(rows) <= self.scalar_rows:
                 return self._totals_of_rows(rows)
             rates = self._table.take(rows if idx is None else idx, 0)
-        if np.isnan(rates).any():
+        if rows and np.isnan(rates).any():
             fallback = self._table.take(self._classes_of(rows), 0)
             np.copyto(rates, np.where(np.isnan(fallback), self._prior, fallback), where=np.isnan(rates))
         sums = np.zeros(rates.shape[1] + 1)
@@ -82,18 +86,25 @@ class ChainAcceptance(AcceptanceModel):
 
     def _totals_of_rows(self, rows: list[int]) -> dict[int, float]:
         """`expected_totals` a row at a time (few rows)."""
-        sums = [0.0] * (self._table.shape[1] + 1)         # S[j] summed over the rows
+        per_row = []
         for row in rows:
             rates = self._table[row].tolist()
             if math.isnan(sum(rates)):                  # some rate never observed
                 base = self._table[self._fallback[row]].tolist()
                 rates = [r if r == r else b if b == b else 1.0 for r, b in zip(rates, base)]
+            per_row.append(rates)
+        return self._totals_of_rates(per_row)
+
+    def _totals_of_rates(self, per_row: list[list[float]]) -> dict[int, float]:
+        """width → Σ over the rows of 1 + E[w], from each row's rates (Python: a few rows)."""
+        sums = [0.0] * (self._table.shape[1] + 1)         # S[j] summed over the rows
+        for rates in per_row:
             reach, total = 1.0, 0.0
             for j, h in enumerate(rates, 1):
                 reach *= h
                 total += reach
                 sums[j] += total
-        B = float(len(rows))
+        B = float(len(per_row))
         return {w: B + sums[w - 1] for w in self.widths}
 
     # ---- learning -------------------------------------------------------------------------------
@@ -153,5 +164,10 @@ class ChainAcceptance(AcceptanceModel):
         """After a plain step: its batch's next plain steps only count; each rate relaxes towards
         its class's (where both are known) in closed form when read or settled."""
         old, klass = self._table.take(idx, 0), self._table.take(self._classes_of(rows), 0)
-        base = np.where(np.isnan(old) | np.isnan(klass), old, klass)
-        self._stretch = _Stretch(list(request_ids), idx, old, base, [], [])
+        both = ~(np.isnan(old) | np.isnan(klass))
+        base = np.where(both, klass, old)
+        # What a read takes, per row, as base + f · diff with f = (1 − relax)^steps: a rate never
+        # observed reads as its class's, or the prior (lists: a few rows are read in Python).
+        read = np.where(np.isnan(old), np.where(np.isnan(klass), self._prior, klass), base)
+        self._stretch = _Stretch(list(request_ids), idx, old, base, read.tolist(),
+                                 np.where(both, old - klass, 0.0).tolist())

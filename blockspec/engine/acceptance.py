@@ -69,8 +69,11 @@ class _Stretch:
     idx: np.ndarray          # [B] the rows' table rows
     old: np.ndarray          # [B, W] their figures when the stretch began
     base: np.ndarray         # [B, W] what each figure relaxes towards (its class's; itself if either is missing)
-    base_sum: list[float]    # [W] B + Σ over rows of the figure a total reads at f = 0
-    diff_sum: list[float]    # [W] Σ over rows of (old − base) where both are known
+    # A read after `steps` is `read + f · decay`, f = (1 − relax)^steps, missing figures read as
+    # their class's or the prior; per-width figures keep the batch's sums ([W]: B + Σ over rows,
+    # Σ over rows of old − base where both are known), per-position rates each row's ([B][P]).
+    read: list
+    decay: list
     steps: int = 0
 
     def relaxed(self, relax: float) -> np.ndarray:
@@ -169,7 +172,7 @@ class AcceptanceModel:
         if stretch is not None:
             if stretch.ids == request_ids:       # o → b + f (o − b) summed over the rows
                 f = (1.0 - self.relax) ** stretch.steps
-                return dict(zip(self.widths, [b + f * d for b, d in zip(stretch.base_sum, stretch.diff_sum)]))
+                return dict(zip(self.widths, [b + f * d for b, d in zip(stretch.read, stretch.decay)]))
             self._settle()
         B = len(request_ids)
         rows, idx = self._read_rows(request_ids, klass_of)
@@ -185,9 +188,7 @@ class AcceptanceModel:
         # A running sum, row after row: the same additions in the same order as the scalar path.
         totals = np.add.accumulate(values, 0)[-1].tolist()
         if math.isnan(sum(totals)):          # some figure not observed (rare): its class's, or the prior
-            values = self._table.take(idx, 0)
-            batch = self._table.take(self._classes_of(rows), 0)
-            np.copyto(values, np.where(np.isnan(batch), self._prior, batch), where=np.isnan(values))
+            values = self._filled(self._table.take(idx, 0), rows)
             values[0] += B
             totals = np.add.accumulate(values, 0)[-1].tolist()
         return dict(zip(self.widths, totals))
@@ -202,6 +203,13 @@ class AcceptanceModel:
         if None in rows:                                  # not observed yet: their class's figures
             return [self._class_row(klass_of(i)) if row is None else row for i, row in enumerate(rows)], None
         return rows, self._remember(request_ids, rows)
+
+    def _filled(self, values: np.ndarray, rows: list[int]) -> np.ndarray:
+        """`values` `[B, W]` (these rows' figures) with the missing ones taken from each row's
+        class, then the prior (`_figures` in array form), in place."""
+        batch = self._table.take(self._classes_of(rows), 0)
+        np.copyto(values, np.where(np.isnan(batch), self._prior, batch), where=np.isnan(values))
+        return values
 
     def _figures(self, row: int) -> list[float]:
         """A table row's figures with the missing ones taken from its class, then the prior."""
@@ -266,10 +274,14 @@ class AcceptanceModel:
         old, klass = self._table.take(idx, 0), self._table.take(self._classes_of(rows), 0)
         both = ~(np.isnan(old) | np.isnan(klass))
         base = np.where(both, klass, old)
-        read = np.where(np.isnan(old), np.where(np.isnan(klass), self._prior, klass), old)
-        read = np.where(both, klass, read)
+        read = np.where(np.isnan(old), np.where(np.isnan(klass), self._prior, klass), base)
         self._stretch = _Stretch(list(request_ids), idx, old, base,
-                                 (read.sum(0) + len(rows)).tolist(), np.where(both, old - klass, 0.0).sum(0).tolist())
+                                 *self._stretch_terms(read, np.where(both, old - klass, 0.0)))
+
+    def _stretch_terms(self, read: np.ndarray, decay: np.ndarray) -> tuple[list, list]:
+        """What a stretch keeps of its rows' `[B, W]` reads at f = 0 and decaying parts: their
+        sums over the rows, the batch's totals being sums of the figures."""
+        return (read.sum(0) + len(read)).tolist(), decay.sum(0).tolist()
 
     def _settle(self) -> None:
         """Write a plain stretch's relaxed figures into the table and end it."""

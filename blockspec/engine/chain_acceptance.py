@@ -28,11 +28,9 @@ nothing: a run of them on one batch is kept as a stretch and relaxed in closed f
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from blockspec.engine.acceptance import AcceptanceModel, _Stretch
+from blockspec.engine.acceptance import AcceptanceModel
 
 
 class ChainAcceptance(AcceptanceModel):
@@ -41,10 +39,11 @@ class ChainAcceptance(AcceptanceModel):
 
     def __init__(self, widths: list[int], alpha: float = 0.2, batch_alpha: float = 0.05, relax: float = 0.1):
         super().__init__(widths, alpha, batch_alpha, relax)
-        positions = max(self.widths) - 1
-        self._table = np.full((16, max(positions, 1)), np.nan)      # [rows, positions] h_k
-        self._k = np.arange(max(positions, 1))                       # [P] position k + 1's index
-        self._prior = np.ones(max(positions, 1))                     # never observed: accepted
+        P = max(max(self.widths) - 1, 1)                            # draft positions
+        self._table = np.full((16, P), np.nan)                        # [rows, P] h_k
+        self._k = np.arange(P)                                        # [P] position k + 1's index
+        self._prior = np.ones(P)                                      # never observed: accepted
+        self._prior_list = self._prior.tolist()
         self._reads = np.array([w - 1 for w in self.widths])         # E[w] = S[w − 1], S[0] = 0
         self._counts = np.zeros(self._table.shape)                  # a request's observations per position
 
@@ -68,32 +67,20 @@ class ChainAcceptance(AcceptanceModel):
         if stretch is not None and stretch.ids == request_ids:
             f = (1.0 - self.relax) ** stretch.steps
             if len(request_ids) <= self.scalar_rows:       # (at T = 1 most full choices read a stretch)
-                return self._totals_of_rates([[b + f * d for b, d in zip(base, diff)]
-                                              for base, diff in zip(stretch.base_sum, stretch.diff_sum)])
-            rates, rows = np.array(stretch.base_sum) + f * np.array(stretch.diff_sum), []
+                return self._totals_of_rates([[b + f * d for b, d in zip(read, decay)]
+                                              for read, decay in zip(stretch.read, stretch.decay)])
+            rates = np.array(stretch.read) + f * np.array(stretch.decay)
         else:
             self._settle()
             rows, idx = self._read_rows(request_ids, klass_of)
             if len(rows) <= self.scalar_rows:
-                return self._totals_of_rows(rows)
+                return self._totals_of_rates(list(map(self._figures, rows)))
             rates = self._table.take(rows if idx is None else idx, 0)
-        if rows and np.isnan(rates).any():
-            fallback = self._table.take(self._classes_of(rows), 0)
-            np.copyto(rates, np.where(np.isnan(fallback), self._prior, fallback), where=np.isnan(rates))
+            if np.isnan(rates).any():
+                rates = self._filled(rates, rows)
         sums = np.zeros(rates.shape[1] + 1)
         sums[1:] = np.cumprod(rates, 1).sum(0).cumsum()               # S[j] summed over the rows
         return dict(zip(self.widths, (sums[self._reads] + len(request_ids)).tolist()))
-
-    def _totals_of_rows(self, rows: list[int]) -> dict[int, float]:
-        """`expected_totals` a row at a time (few rows)."""
-        per_row = []
-        for row in rows:
-            rates = self._table[row].tolist()
-            if math.isnan(sum(rates)):                  # some rate never observed
-                base = self._table[self._fallback[row]].tolist()
-                rates = [r if r == r else b if b == b else 1.0 for r, b in zip(rates, base)]
-            per_row.append(rates)
-        return self._totals_of_rates(per_row)
 
     def _totals_of_rates(self, per_row: list[list[float]]) -> dict[int, float]:
         """width → Σ over the rows of 1 + E[w], from each row's rates (Python: a few rows)."""
@@ -160,14 +147,6 @@ class ChainAcceptance(AcceptanceModel):
         for klass, (total, count) in sums.items():
             self._observe_class(klass, total, count)
 
-    def _begin_stretch(self, request_ids: list[str], rows: list[int], idx: np.ndarray) -> None:
-        """After a plain step: its batch's next plain steps only count; each rate relaxes towards
-        its class's (where both are known) in closed form when read or settled."""
-        old, klass = self._table.take(idx, 0), self._table.take(self._classes_of(rows), 0)
-        both = ~(np.isnan(old) | np.isnan(klass))
-        base = np.where(both, klass, old)
-        # What a read takes, per row, as base + f · diff with f = (1 − relax)^steps: a rate never
-        # observed reads as its class's, or the prior (lists: a few rows are read in Python).
-        read = np.where(np.isnan(old), np.where(np.isnan(klass), self._prior, klass), base)
-        self._stretch = _Stretch(list(request_ids), idx, old, base, read.tolist(),
-                                 np.where(both, old - klass, 0.0).tolist())
+    def _stretch_terms(self, read: np.ndarray, decay: np.ndarray) -> tuple[list, list]:
+        """Each row's (a total is not a sum of rates: `expected_totals` reads a few rows in Python)."""
+        return read.tolist(), decay.tolist()

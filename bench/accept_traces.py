@@ -1,5 +1,5 @@
 """Per-request traces of accepted drafts, step by step, at the full width (static policy): the
-input of `bench/policy_sim.py`, which replays the adaptive policy on them at a GPU's step costs.
+input of `blockspec/bench/policy_sim.py`, which replays the adaptive policy on them at a GPU's step costs.
 
 A step at the full width observes every narrower width exactly (`engine/acceptance.py`:
 a chain of width w would have accepted min(a, w − 1) of the a drafts accepted at the full
@@ -18,14 +18,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from blockspec.bench.compare import run_concurrency  # noqa: E402
-from blockspec.bench.datasets import load_dataset  # noqa: E402
-from blockspec.bench.offline import prompt_token_ids  # noqa: E402
-from blockspec.llm import LLM  # noqa: E402
-from blockspec.sampling import SamplingParams  # noqa: E402
-
-BUNDLED = Path(__file__).resolve().parents[1] / "blockspec" / "bundled"
+from bundled_workload import bundled_dflash, sharegpt_requests  # noqa: E402
 
 
 def main() -> int:
@@ -37,11 +33,8 @@ def main() -> int:
     ap.add_argument("--output", required=True)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    llm = LLM(str(BUNDLED / "target"), spec="dflash", draft_model=str(BUNDLED / "drafter"), device="cpu",
-              dtype="float32", max_running_requests=args.concurrency, spec_policy="static")
-    ids = [prompt_token_ids(p, llm.tokenizer, llm.engine.max_model_len - args.max_tokens - 32)
-           for p in load_dataset("sharegpt", args.prompts, 0)]
-    params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)] * len(ids)
+    llm = bundled_dflash(device="cpu", dtype="float32", max_running_requests=args.concurrency, spec_policy="static")
+    ids, params = sharegpt_requests(llm, args.prompts, args.max_tokens, args.temperature)
     policy, traces = llm.engine.policy, {}
     real = policy.observe
 

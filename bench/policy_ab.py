@@ -14,15 +14,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import blockspec.engine.spec_policy as spec_policy  # noqa: E402
 from blockspec.bench.compare import run_concurrency  # noqa: E402
-from blockspec.bench.datasets import load_dataset  # noqa: E402
-from blockspec.bench.offline import prompt_token_ids  # noqa: E402
 from blockspec.llm import LLM  # noqa: E402
-from blockspec.sampling import SamplingParams  # noqa: E402
-
-BUNDLED = Path(__file__).resolve().parents[1] / "blockspec" / "bundled"
+from bundled_workload import BUNDLED, bundled_dflash, sharegpt_requests  # noqa: E402
 
 
 def main() -> int:
@@ -35,12 +32,9 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
     common = dict(device=args.device, dtype=args.dtype, max_running_requests=args.concurrency)
-    adaptive = LLM(str(BUNDLED / "target"), spec="dflash", draft_model=str(BUNDLED / "drafter"),
-                   spec_policy="adaptive", **common)
+    adaptive = bundled_dflash(spec_policy="adaptive", **common)
     plain = LLM(str(BUNDLED / "target"), **common)
-    ids = [prompt_token_ids(p, adaptive.tokenizer, adaptive.engine.max_model_len - 64 - 32)
-           for p in load_dataset("sharegpt", 32, 0)]
-    params = [SamplingParams(temperature=args.temperature, max_tokens=64)] * len(ids)
+    ids, params = sharegpt_requests(adaptive, 32, 64, args.temperature)
     charged = spec_policy.SpecPolicy._charged
 
     def feature(on: bool) -> None:
@@ -57,7 +51,8 @@ def main() -> int:
     plain_share = {"on": [], "off": []}
     for _ in range(args.rounds):
         for name in tok_s:
-            feature(name == "on")
+            if name != "plain":
+                feature(name == "on")
             before = dict(adaptive.engine.policy.choices)
             record = run_concurrency(plain if name == "plain" else adaptive, ids, params, args.concurrency)
             tok_s[name].append(round(record["tok_s"], 1))

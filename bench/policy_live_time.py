@@ -23,14 +23,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from blockspec.bench.compare import run_concurrency  # noqa: E402
-from blockspec.bench.datasets import load_dataset  # noqa: E402
-from blockspec.bench.offline import prompt_token_ids  # noqa: E402
-from blockspec.llm import LLM  # noqa: E402
-from blockspec.sampling import SamplingParams  # noqa: E402
-
-BUNDLED = Path(__file__).resolve().parents[1] / "blockspec" / "bundled"
+from bundled_workload import bundled_dflash, sharegpt_requests  # noqa: E402
 
 
 def main() -> int:
@@ -46,11 +42,8 @@ def main() -> int:
     ap.add_argument("--scalar-rows", type=int, default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    llm = LLM(str(BUNDLED / "target"), spec="dflash", draft_model=str(BUNDLED / "drafter"), device=args.device,
-              dtype=args.dtype, max_running_requests=args.concurrency)
-    ids = [prompt_token_ids(p, llm.tokenizer, llm.engine.max_model_len - args.max_tokens - 32)
-           for p in load_dataset("sharegpt", args.prompts, 0)]
-    params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)] * len(ids)
+    llm = bundled_dflash(device=args.device, dtype=args.dtype, max_running_requests=args.concurrency)
+    ids, params = sharegpt_requests(llm, args.prompts, args.max_tokens, args.temperature)
     run_concurrency(llm, ids[:args.concurrency], params[:args.concurrency], args.concurrency)   # warm
     policy, samples = llm.engine.policy, {"choose": [], "observe": []}
     if args.pin_width is not None:

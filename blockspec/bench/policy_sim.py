@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import random
+from bisect import bisect_left
 from collections import Counter
 from pathlib import Path
 
@@ -48,7 +49,7 @@ class _Row:
     def accepts(self, width: int) -> int:
         """Drafts a step at `width` beginning at the current position accepts."""
         p = self.pos % self.span       # past the trace's end it repeats
-        end = next(e for e in self.ends if e >= p)
+        end = self.ends[bisect_left(self.ends, p)]       # (ends grow along the trace)
         return min(end - p, width - 1, self.left - 1)
 
 

@@ -51,21 +51,26 @@ def build_llm(config, top: int, overrides: dict):
 def run_concurrency(llm, prompts: list[list[int]], params: list, concurrency: int) -> dict:
     """All prompts through `llm`'s engine with at most `concurrency` in flight: tok/s and the
     speculation counters of the finished requests."""
+    from blockspec.bench.compile_watch import CompileWatch
     engine = llm.engine
     pending = list(range(len(prompts)))[::-1]
-    live, tokens, metrics = set(), 0, []
+    live, tokens, metrics, step_seconds = set(), 0, [], []
     start = time.perf_counter()
-    while pending or live:
-        while pending and len(live) < concurrency:
-            i = pending.pop()
-            rid = f"cmp-{concurrency}-{i}-{time.monotonic_ns()}"
-            engine.add_request(rid, prompts[i], params[i])
-            live.add(rid)
-        for out in engine.step():
-            tokens += len(out.new_token_ids)
-            if out.finished:
-                live.discard(out.request_id)
-                metrics.append(out.metrics)
+    with CompileWatch() as watch:
+        while pending or live:
+            while pending and len(live) < concurrency:
+                i = pending.pop()
+                rid = f"cmp-{concurrency}-{i}-{time.monotonic_ns()}"
+                engine.add_request(rid, prompts[i], params[i])
+                live.add(rid)
+            began = time.perf_counter()
+            outputs = engine.step()
+            step_seconds.append(time.perf_counter() - began)
+            for out in outputs:
+                tokens += len(out.new_token_ids)
+                if out.finished:
+                    live.discard(out.request_id)
+                    metrics.append(out.metrics)
     seconds = time.perf_counter() - start
     from blockspec.engine.outputs import SpecMetrics
     total = SpecMetrics()
@@ -73,7 +78,12 @@ def run_concurrency(llm, prompts: list[list[int]], params: list, concurrency: in
         total.merge(m)
     return {"concurrency": concurrency, "seconds": seconds, "output_tokens": tokens,
             "tok_s": tokens / seconds if seconds > 0 else 0.0, "accept_length": total.accept_length,
-            "verify_steps": total.verify_steps, "configurations": dict(total.configurations)}
+            "verify_steps": total.verify_steps, "configurations": dict(total.configurations),
+            # What a round's tok/s may hide: Triton compiles inside it, and its slowest steps
+            # beside the median one (a stall of a few steps outweighs any configuration).
+            **watch.summary(), "engine_steps": len(step_seconds),
+            "median_step_ms": round(sorted(step_seconds)[len(step_seconds) // 2] * 1e3, 3) if step_seconds else 0.0,
+            "slowest_steps_ms": [round(t * 1e3, 2) for t in sorted(step_seconds)[-3:][::-1]]}
 
 
 def summarise(records: list[dict]) -> list[dict]:
@@ -94,7 +104,8 @@ def summarise(records: list[dict]) -> list[dict]:
 def median_record(runs: list[dict]) -> dict:
     """One cell from its rounds: the round of median tok/s, with every round's tok/s."""
     ordered = sorted(runs, key=lambda r: r["tok_s"])
-    return {**ordered[(len(ordered) - 1) // 2], "tok_s_rounds": [r["tok_s"] for r in runs]}
+    return {**ordered[(len(ordered) - 1) // 2], "tok_s_rounds": [r["tok_s"] for r in runs],
+            "compiles_rounds": [r.get("triton_compiles", 0) for r in runs]}
 
 
 def run_compare(config, concurrencies: list[int], static_widths: list[int] | None, warm_up,
@@ -180,6 +191,13 @@ def plot_compare(doc: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def compiled_cells(doc: dict) -> list[str]:
+    """'configuration @ c: n compiles (s)' for each timed cell whose chosen round compiled Triton
+    kernels: its tok/s paid for them."""
+    return [f"{r['configuration']} @ {r['concurrency']}: {r['triton_compiles']} compiles ({r['compile_seconds']} s)"
+            for r in doc["records"] if r.get("triton_compiles")]
 
 
 def format_compare(doc: dict) -> str:

@@ -296,7 +296,7 @@ def cmd_bench_offline(args: argparse.Namespace) -> int:
 
 
 def _compare_static(args: argparse.Namespace, config, stamp: dict) -> int:
-    from blockspec.bench.compare import format_compare, plot_compare, run_compare
+    from blockspec.bench.compare import compiled_cells, format_compare, plot_compare, run_compare
     from blockspec.bench.offline import _warm_up
     config.validate()
     widths = _positive_ints(args.static_widths, "--static-widths") if args.static_widths else None
@@ -306,6 +306,8 @@ def _compare_static(args: argparse.Namespace, config, stamp: dict) -> int:
     document = {**stamp, **run_compare(config, _positive_ints(args.concurrency, "--concurrency"), widths, _warm_up,
                                        args.repeats, args.waves, save, args.warmup_rounds)}
     print(format_compare(document))
+    for cell in compiled_cells(document):
+        print(f"note: Triton compiled inside a timed round, {cell}")
     if args.output:
         out = Path(args.output)
         out.write_text(json.dumps(document, indent=2))

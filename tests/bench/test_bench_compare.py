@@ -26,8 +26,8 @@ def test_summary_compares_adaptive_with_the_best_static_and_plain():
     (s,) = summarise(records)
     assert s["best_static"] == "static-chain4"
     assert s["adaptive_vs_best_static"] == pytest.approx(0.95) and s["adaptive_vs_plain"] == pytest.approx(1.9)
-    assert median_record([{"tok_s": 3.0}, {"tok_s": 1.0}, {"tok_s": 2.0}]) == {"tok_s": 2.0,
-                                                                             "tok_s_rounds": [3.0, 1.0, 2.0]}
+    rounds = [{"tok_s": 3.0, "triton_compiles": 0}, {"tok_s": 1.0, "triton_compiles": 4}, {"tok_s": 2.0}]
+    assert median_record(rounds) == {"tok_s": 2.0, "tok_s_rounds": [3.0, 1.0, 2.0], "compiles_rounds": [0, 4, 0]}
 
 
 def test_compare_static_cli_writes_json_and_plot(qwen3_dir, tmp_path, capsys):
@@ -97,3 +97,27 @@ def test_compare_static_bad_lists_are_refused(qwen3_dir, argv, field):
     """ValueError naming the option: the main CLI reports it as a usage error (exit 2)."""
     with pytest.raises(ValueError, match=field):
         run_cli(["bench", "offline", "--model", qwen3_dir, "--compare-static", "--spec", "ngram", *argv, "--no-progress"])
+
+
+def test_compile_watch_counts_compiles_between_triton_hooks_and_restores_them():
+    """What Triton's JIT calls around a compile (the cache-miss hook, then the post-compile hook)
+    is counted and timed, hooks found installed still run (and only theirs may skip a compile),
+    and leaving restores them."""
+    knobs = pytest.importorskip("triton.knobs").runtime
+    from blockspec.bench.compile_watch import CompileWatch
+    seen = []
+    before, after = (lambda **kw: seen.append("before") or None), (lambda **kw: seen.append("after"))
+    knobs.jit_cache_hook, knobs.jit_post_compile_hook = before, after
+    fn = type("Fn", (), {"name": "rms_norm_kernel"})()
+    try:
+        with CompileWatch() as watch:
+            for _ in range(2):
+                assert not knobs.jit_cache_hook(key=1, repr="r", fn=fn, compile={}, is_manual_warmup=False,
+                                                already_compiled=False)
+                knobs.jit_post_compile_hook(key=1, repr="r", fn=fn, compile={}, is_manual_warmup=False,
+                                            already_compiled=False)
+        assert watch.summary()["triton_compiles"] == 2 and watch.summary()["compiled"] == {"rms_norm_kernel": 2}
+        assert watch.seconds >= 0 and seen == ["before", "after"] * 2
+        assert knobs.jit_cache_hook is before and knobs.jit_post_compile_hook is after
+    finally:
+        knobs.jit_cache_hook = knobs.jit_post_compile_hook = None

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Device calls of the session of 2026-12-07 (thirteenth). ≤ 9.5 min each.
+# PART=1: why adaptive lost a whole round at T = 0, c = 16 in gpu_session_r (0.83 s against
+#   0.22 s for its other round): `bench offline --compare-static` at T = 0 (3 rounds after one
+#   untimed) now records per round the Triton compiles inside it and its slowest steps; then T = 1
+#   unseeded (2 rounds).
+# Usage on the device machine, from the repo root:  PART=1 bash bench/gpu_session_s.sh
+set -uo pipefail
+source bench/device_prelude.sh
+show_rounds() {   # each cell's rounds: tok/s, compiles and slowest steps
+  python3 - "$1" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+for r in doc["records"]:
+    print(r["configuration"], r["concurrency"], [round(x) for x in r["tok_s_rounds"]], "compiles", r.get("compiles_rounds"),
+          "median step ms", r.get("median_step_ms"), "slowest", r.get("slowest_steps_ms"), r.get("compiled"))
+PY
+}
+if [ "${PART:-1}" = 1 ]; then
+  WARMUP_ROUNDS=1 compare_static "T0:0::3" 260
+  show_rounds "$OUT/compare_static_gpu_T0.json"
+  WARMUP_ROUNDS=1 compare_static "T1u:1:u:2" 190
+  show_rounds "$OUT/compare_static_gpu_T1u.json"
+  rm -f "$OUT"/*.png
+fi
+echo "script seconds: $SECONDS"

@@ -17,6 +17,10 @@ for r in doc["records"]:
 PY
 }
 if [ "${PART:-1}" = 1 ]; then
+  if grep -q H200 "$OUT/device.txt"; then   # issue 14 asks its Kimi-slice figure on this card
+    timeout $(cap ${SLICE_S:-120}) python3 -m blockspec.cli bench step --shape kimi-k2-slice --int4-experts --profile \
+        --output "$OUT/step_kimi_slice_int4_h200.json" 2>&1 | grep -v -i warn | tail -14 | tee "$OUT/step_kimi_slice_int4_h200.txt"
+  fi
   WARMUP_ROUNDS=1 compare_static "T0:0::3" 260
   show_rounds "$OUT/compare_static_gpu_T0.json"
   WARMUP_ROUNDS=1 compare_static "T1u:1:u:2" 190

@@ -101,7 +101,7 @@ MIN_EXPLORE_SCALE = 1 / 8   # the budget's floor while probes and looks keep cha
 LOOK_WORTH = 0.1       # first looks that changed the choice this often are run without the budget …
 LOOK_FREE_ROWS = 2     # … in batches this small (a look runs the whole batch wide, for one request)
 MAX_PROBE_SPACING = 512   # steps: probes and re-timings come at least this often
-QUIET_STEPS = 8        # plain steps of an unchanged batch that repeat the last choice unrecomputed
+QUIET_STEPS = 16       # plain steps of an unchanged batch that repeat the last choice unrecomputed
 
 
 def candidate_widths(full_width: int) -> list[int]:
@@ -278,9 +278,16 @@ class SpecPolicy:
                 probe = min(probe, self._steps_until(0, spend, MAX_PROBE_SPACING, inc, cap))
             retime = probe
             if others:
-                _, spend = self._next_retiming(B, others, costs, width)
-                retime = self._steps_until(self.retime_interval - self._steps, spend,
+                _, retime_spend = self._next_retiming(B, others, costs, width)
+                retime = self._steps_until(self.retime_interval - self._steps, retime_spend,
                                            MAX_PROBE_SPACING - self._steps, inc, cap)
+                # From the step a re-timing is due, it holds back probes and looks on credit until it
+                # has run (it saves the credit up: `retime_due` above); only the hard spacing forces a
+                # probe. Without this, a due re-timing waiting for its credit (three wide steps) ended
+                # every stretch at once: a full choice on 60 % of the steps of a T = 1 replay at the
+                # H100's c = 1 costs, where the policy's host time was 10 % of the step.
+                if probe >= self.retime_interval - self._steps:
+                    probe = max(min(retime, MAX_PROBE_SPACING - self._since_probe), 1)
             due = min(probe, retime) - 1
             if due > 0:
                 self._quiet = (ids, min(QUIET_STEPS, due), inc, cap)

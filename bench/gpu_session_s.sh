@@ -23,6 +23,10 @@ if [ "${PART:-1}" = 1 ]; then
   fi
   WARMUP_ROUNDS=1 compare_static "T0:0::3" 260
   show_rounds "$OUT/compare_static_gpu_T0.json"
+  # Quiet plain stretches now last until a due re-timing can run (full choices on 53 % of steps in
+  # gpu_session_r's c = 1, T = 1 run).
+  timeout $(cap 45) python3 bench/policy_live_time.py --device cuda --dtype bfloat16 --concurrency 1 --temperature 1 \
+      --split --prompts 16 --max-tokens 128 2>&1 | grep -v -i "warn\|token indices" | tail -1 | tee -a "$OUT/policy_live_time.txt"
   WARMUP_ROUNDS=1 compare_static "T1u:1:u:2" 190
   show_rounds "$OUT/compare_static_gpu_T1u.json"
   rm -f "$OUT"/*.png

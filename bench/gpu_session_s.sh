@@ -14,6 +14,8 @@ doc = json.load(open(sys.argv[1]))
 for r in doc["records"]:
     print(r["configuration"], r["concurrency"], [round(x) for x in r["tok_s_rounds"]], "compiles", r.get("compiles_rounds"),
           "median step ms", r.get("median_step_ms"), "slowest", r.get("slowest_steps_ms"), r.get("compiled"))
+for b, row in doc.get("cost_samples", {}).items():
+    print("samples at bucket", b, {w: v[:6] for w, v in row.items()})
 PY
 }
 if [ "${PART:-1}" = 1 ]; then

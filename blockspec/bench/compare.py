@@ -158,7 +158,8 @@ def run_compare(config, concurrencies: list[int], static_widths: list[int] | Non
         doc = {**config.spec_fields(), "dataset": config.datasets[0], "temperature": config.temperatures[0],
                "num_prompts": {c: max(config.num_prompts, waves * c) for c in done}, "concurrencies": done,
                "repeats": repeats, "warmup_rounds": warmup_rounds, "records": records, "summary": summarise(records),
-               "policy_host_seconds": engine.policy.host_seconds, "cost_tables": cost_tables(engine.policy)}
+               "policy_host_seconds": engine.policy.host_seconds, "cost_tables": cost_tables(engine.policy),
+               "cost_samples": cost_samples(engine.policy)}
         if on_progress is not None:
             on_progress(doc)
     return doc
@@ -169,6 +170,16 @@ def cost_tables(policy) -> dict:
     not timed), to set beside the static configurations' tok/s."""
     return {str(b): {str(w): None if t is None else round(t * 1e3, 4) for w, t in policy.cost.table(b).items()}
             for b in policy.cost.buckets if any(t is not None for t in policy.cost.table(b).values())}
+
+
+def cost_samples(policy) -> dict:
+    """The timings behind `cost_tables` (ms, oldest first, at most the model's window a key): a
+    width whose estimate stands apart from its neighbours' shows here whether one pair of
+    samples or all of them put it there."""
+    out: dict[str, dict[str, list]] = {}
+    for (bucket, width), samples in sorted(policy.cost._samples.items()):
+        out.setdefault(str(bucket), {})[str(width)] = [round(t * 1e3, 4) for t in samples]
+    return out
 
 
 def plot_compare(doc: dict, path: Path) -> None:

@@ -49,6 +49,12 @@ def test_compare_static_cli_writes_json_and_plot(qwen3_dir, tmp_path, capsys):
     tables = doc["cost_tables"].values()
     assert set(doc["cost_tables"]) <= {"1", "2"} and all(v is None or v > 0 for t in tables for v in t.values())
     assert any(v is not None for t in tables for v in t.values())
+    # The samples behind them: a measured entry is one of its key's samples (the lower quartile).
+    samples = doc["cost_samples"]
+    assert all(v is None or v in samples[b][w] for b, t in doc["cost_tables"].items() for w, v in t.items())
+    # Each round records what its tok/s may hide: compiles (none on a CPU) and its slowest steps.
+    assert all(r["triton_compiles"] == 0 and r["compiles_rounds"] == [0] and len(r["slowest_steps_ms"]) == 3
+               and r["slowest_steps_ms"][0] >= r["median_step_ms"] > 0 for r in doc["records"])
     assert "÷ best" in capsys.readouterr().out
 
 

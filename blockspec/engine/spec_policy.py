@@ -316,7 +316,20 @@ class SpecPolicy:
         over as many at `width`."""
         table = self.cost.table(B)
         untimed = [w for w in others if table[w] is None]
-        other = untimed[-1] if untimed else others[self._probes % len(others)]
+        if untimed:
+            other = untimed[-1]
+        else:
+            # A width timed dearer than a wider one holds noise (a wider verify does all of its
+            # work and more), or the wider one does: either side goes before the turn, narrowest
+            # first. `monotone_costs` raises the wider to the narrower meanwhile, so one noisy
+            # pair of samples priced chain 16 out at bucket 16 (chain 8 timed at 1.51 ms against
+            # chain 16's 0.97 on the H100, gpu_session_r) for the rest of a run, where the turn
+            # reaches a width every fourth re-timing.
+            ordered = sorted(table)
+            suspects = {w for i, w in enumerate(ordered) for v in ordered[i + 1:] if table[w] > table[v]} | {
+                v for i, w in enumerate(ordered) for v in ordered[i + 1:] if table[w] > table[v]}
+            suspects = [w for w in others if w in suspects]
+            other = suspects[-1] if suspects else others[self._probes % len(others)]
         return other, self._retime_steps * max(costs[other] - costs[width], 0.0)
 
     def _steps_until(self, wait: int, spend: float, hard: int, inc: float, cap: float) -> float:

@@ -11,7 +11,7 @@ from blockspec.engine.chain_acceptance import ChainAcceptance
 from blockspec.engine.sequence import Status
 from blockspec.engine.spec_policy import (MAX_PROBE_SPACING, PROBE_BUDGET, SpecPolicy, best_width, candidate_widths,
                                           config_name)
-from blockspec.engine.step_cost import StepCostModel, robust_seconds
+from blockspec.engine.step_cost import StepCostModel, monotone_costs, robust_seconds
 from blockspec.speculative.step import StepResult
 from blockspec.speculative.tree import PAD_PARENT, build_tree, chain_tree, truncate_tree
 
@@ -750,3 +750,21 @@ def test_a_cold_buckets_bounds_are_kept_for_a_few_choices_and_redone_when_a_widt
     assert len(calls) == 6
     policy.cold.bounds(2, {1: 1.0, 8: 4.0}, "sampled")            # plain timed since: redone at once
     assert len(calls) == 8
+
+
+def test_a_width_timed_out_of_order_is_retimed_before_the_turn():
+    """A width timed dearer than a wider one (one noisy pair of samples: chain 8 at 1.5 ms beside
+    chain 16's 1.0 ms) is re-timed at the next re-timing, not when the turn reaches it; with
+    the table in order the turn decides."""
+    def next_retiming(costs: dict[int, float]) -> int:
+        policy = SpecPolicy("adaptive", 16, False, [1])
+        for w, c in costs.items():
+            for _ in range(2):
+                policy.cost.observe(1, w, c)
+        others = [w for w in policy._widest_first if w != 16]
+        return policy._next_retiming(1, others, monotone_costs(policy.cost.table(1)), 16)[0]
+    in_order = {1: 0.7, 2: 0.72, 4: 0.99, 8: 1.0, 16: 1.01}
+    assert next_retiming(in_order) == 8                                # the turn: widest other first
+    assert next_retiming({**in_order, 2: 0.5, 8: 1.5}) == 1            # plain above chain 2: narrowest first
+    assert next_retiming({**in_order, 8: 1.5}) == 8
+    assert next_retiming({**in_order, 4: 0.71}) == 2                   # chain 2 above chain 4: narrowest first

@@ -142,6 +142,8 @@ class Engine:
             from blockspec.engine.warmup import warm_up_prefill
             warm_up_prefill(self.runner, self.proposer, config.page_size,
                             min(config.max_prefill_tokens, self.max_model_len))
+        if getattr(self.proposer, "deferred", None) is not None:     # its writes: shapes the warm-up compiled
+            self.proposer.deferred.max_write_rows = min(config.max_prefill_tokens, self.max_model_len)
         self.overlap = overlap_wanted and self.graphed is not None and self.spec_step.drafts_on_device
         if self.policy is not None:
             self.policy.overlapped = self.overlap

@@ -120,6 +120,12 @@ class DeferredContext:
         self.tail = 0                   # rows ever written out (host)
         self.rows = 0                   # rows appended and not written out (host)
         self.append = append_rows       # on CUDA the same as two launches (`use_kernel`)
+        # Rows a write takes at most (None: all). The engine sets its prefill warm-up's widest chunk:
+        # a write is shaped as a prefill's, one sequence `[1, n]`, so every write runs kernels the
+        # warm-up compiled (engine/warmup.py). Written as `[n, 1]` rows, up to half the ring at
+        # once (13,000 rows for the bundled pair), a write met shape classes nothing had compiled,
+        # and Triton compiled mid-run: 0.3–2 s a class on a GPU host.
+        self.max_write_rows: int | None = None
 
     def use_kernel(self) -> None:
         """Append with `append_rows_triton` (two launches where the torch form makes about eleven)
@@ -155,7 +161,11 @@ class DeferredContext:
         index = (self.tail + torch.arange(self.rows, device=self.meta.device)) % self.capacity
         features, meta = self.features.index_select(0, index), self.meta.index_select(0, index)
         self.tail, self.rows = self.tail + self.rows, 0
-        self.write(features[:, None], meta[:, :1], meta[:, 1:])
+        positions, slots = meta[:, 0].contiguous(), meta[:, 1].contiguous()
+        chunk = self.max_write_rows or len(index)
+        for start in range(0, len(index), chunk):     # in order: a later row may reuse an earlier one's slot
+            end = start + chunk
+            self.write(features[None, start:end], positions[None, start:end], slots[None, start:end])
 
 
 def _probe_append(append, features: int, device) -> tuple[torch.Tensor, ...]:

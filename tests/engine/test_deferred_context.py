@@ -31,10 +31,26 @@ def test_rows_are_written_first_in_first_out_in_one_call():
     assert calls == [] and deferred.rows == 5
     deferred.flush()
     (features, positions, slots), = calls
-    assert torch.equal(features, torch.cat([f1, f2]))
-    assert positions[:, 0].tolist() == [4, 9, 5, 10, 2] and slots[:, 0].tolist() == [40, 90, 41, 91, 22]
+    # Shaped as a prefill's (one sequence `[1, n]`): the kernels a write runs are those the
+    # prefill warm-up compiled.
+    assert torch.equal(features, torch.cat([f1, f2]).view(1, 5, 5))
+    assert positions.tolist() == [[4, 9, 5, 10, 2]] and slots.tolist() == [[40, 90, 41, 91, 22]]
     deferred.flush()
     assert len(calls) == 1                                        # nothing left: no second write
+
+
+def test_a_write_takes_at_most_max_write_rows_in_order():
+    """The engine caps a write at its prefill warm-up's widest chunk: more rows go in several
+    writes, first in first out (a later row may reuse an earlier one's slot)."""
+    calls = []
+    deferred = ring(calls)
+    deferred.max_write_rows = 2
+    f = torch.randn(5, 1, 5)
+    deferred.add(f, torch.arange(1, 6)[:, None], torch.arange(11, 16)[:, None])
+    deferred.flush()
+    assert [c[0].shape[:2] for c in calls] == [(1, 2), (1, 2), (1, 1)]
+    assert torch.equal(torch.cat([c[0][0] for c in calls]), f[:, 0])
+    assert torch.cat([c[2][0] for c in calls]).tolist() == [11, 12, 13, 14, 15] and deferred.rows == 0
 
 
 def test_the_ring_writes_out_at_half_full_and_keeps_order_across_its_end():
@@ -43,11 +59,11 @@ def test_the_ring_writes_out_at_half_full_and_keeps_order_across_its_end():
     rows = [torch.randn(3, 1, 5) for _ in range(5)]
     for i, f in enumerate(rows):                                  # 3 rows a step: out at 6 (> 4), then at 12
         deferred.add(f, 10 * i + torch.arange(1, 4)[:, None], 100 + 10 * i + torch.arange(3)[:, None])
-    assert [len(c[0]) for c in calls] == [6, 6] and deferred.rows == 3
+    assert [c[0].shape[1] for c in calls] == [6, 6] and deferred.rows == 3
     deferred.flush()
-    written = torch.cat([c[0] for c in calls])
-    assert torch.equal(written, torch.cat(rows))                  # in order, though the ring wrapped
-    assert torch.cat([c[1] for c in calls])[:, 0].tolist() == [10 * i + j for i in range(5) for j in (1, 2, 3)]
+    written = torch.cat([c[0][0] for c in calls])
+    assert torch.equal(written, torch.cat(rows)[:, 0])            # in order, though the ring wrapped
+    assert torch.cat([c[1][0] for c in calls]).tolist() == [10 * i + j for i in range(5) for j in (1, 2, 3)]
     with pytest.raises(ValueError, match="exceeds half"):
         deferred.add(torch.randn(5, 1, 5), torch.ones(5, 1, dtype=torch.long), torch.ones(5, 1, dtype=torch.long))
 
@@ -70,8 +86,8 @@ def test_a_captured_plain_step_appends_its_live_rows_and_a_replay_only_counts_th
     assert deferred.rows == 5 and int(deferred.head) == 5
     deferred.flush()
     (written, pos, slot), = calls
-    assert torch.equal(written, torch.cat([first[:3], second[:2]]))
-    assert pos[:, 0].tolist() == [5, 6, 7, 8, 9] and slot[:, 0].tolist() == [50, 60, 70, 80, 90]
+    assert torch.equal(written[0], torch.cat([first[:3], second[:2]])[:, 0])
+    assert pos.tolist() == [[5, 6, 7, 8, 9]] and slot.tolist() == [[50, 60, 70, 80, 90]]
 
 
 def widths_from(sequence):
@@ -105,6 +121,10 @@ def test_deferred_context_ends_as_immediate_writes(qwen3_dir, drafter, graphs, o
     monkeypatch.setattr(SpecPolicy, "choose", widths_from([1, 1, 1, 5, 1, 2, 1, 1]))
     reqs = requests()
     deferred_engine = engine_for(qwen3_dir, "dflash", drafter, graphs=graphs, overlap=overlap, spec_policy="adaptive")
+    ring = deferred_engine.proposer.deferred
+    # The engine caps a write at its prefill warm-up's widest chunk; here 3 rows, so writes split.
+    assert ring.max_write_rows == min(deferred_engine.config.max_prefill_tokens, deferred_engine.max_model_len)
+    ring.max_write_rows = 3
     got = run(deferred_engine, reqs)
     assert deferred_engine.proposer.deferred.rows > 0 or graphs   # the run ended with rows still deferred
     deferred = drafter_cache(deferred_engine)

@@ -29,6 +29,12 @@ if [ "${PART:-1}" = 1 ]; then
   # gpu_session_r's c = 1, T = 1 run).
   timeout $(cap 45) python3 bench/policy_live_time.py --device cuda --dtype bfloat16 --concurrency 1 --temperature 1 \
       --split --prompts 16 --max-tokens 128 2>&1 | grep -v -i "warn\|token indices" | tail -1 | tee -a "$OUT/policy_live_time.txt"
+  # The acceptance model's per-row Python path up to 16 rows against numpy's above 6 (cold caches
+  # made numpy's observe of 16 rows 206 µs on the CPU, a Python prototype 74).
+  for SR in "" "--scalar-rows 16"; do
+    timeout $(cap 45) python3 bench/policy_live_time.py --device cuda --dtype bfloat16 --concurrency 16 --temperature 0 \
+        --split --prompts 64 --max-tokens 128 $SR 2>&1 | grep -v -i "warn\|token indices" | tail -1 | tee -a "$OUT/policy_live_time.txt"
+  done
   WARMUP_ROUNDS=1 compare_static "T1u:1:u:2" 190
   show_rounds "$OUT/compare_static_gpu_T1u.json"
   rm -f "$OUT"/*.png

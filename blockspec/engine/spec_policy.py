@@ -118,6 +118,23 @@ def config_name(width: int, builds_trees: bool) -> str:
     return f"tree{width - 1}" if builds_trees else f"chain{width}"
 
 
+def out_of_order(costs: dict[int, float]) -> set[int]:
+    """The widths timed dearer than some wider width, and those timed cheaper than some narrower
+    one (one pass each way: the policy asks at every full plain choice)."""
+    ordered = sorted(costs)
+    suspects, dearest = set(), float("-inf")
+    for w in ordered:                      # cheaper than a narrower one
+        if costs[w] < dearest:
+            suspects.add(w)
+        dearest = max(dearest, costs[w])
+    cheapest = float("inf")
+    for w in reversed(ordered):            # dearer than a wider one
+        if costs[w] > cheapest:
+            suspects.add(w)
+        cheapest = min(cheapest, costs[w])
+    return suspects
+
+
 class SpecPolicy:
     """Chooses each decode step's width and learns from the steps run (one per engine)."""
 
@@ -325,10 +342,8 @@ class SpecPolicy:
             # pair of samples priced chain 16 out at bucket 16 (chain 8 timed at 1.51 ms against
             # chain 16's 0.97 on the H100, gpu_session_r) for the rest of a run, where the turn
             # reaches a width every fourth re-timing.
-            ordered = sorted(table)
-            suspects = {w for i, w in enumerate(ordered) for v in ordered[i + 1:] if table[w] > table[v]} | {
-                v for i, w in enumerate(ordered) for v in ordered[i + 1:] if table[w] > table[v]}
-            suspects = [w for w in others if w in suspects]
+            suspects = out_of_order(table)
+            suspects = [w for w in others if w in suspects] if suspects else None
             other = suspects[-1] if suspects else others[self._probes % len(others)]
         return other, self._retime_steps * max(costs[other] - costs[width], 0.0)
 

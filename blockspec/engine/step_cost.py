@@ -104,9 +104,34 @@ class StepCostModel:
         self._pending.append((batch_size, width, seconds))
 
     def _file(self) -> None:
+        """`observe` each pending timing, a key's in one pass (a quiet plain stretch leaves up to
+        16 of one key; filing them one call each was most of a full choice's cost read)."""
         pending, self._pending = self._pending, []
+        if len(pending) == 1:
+            self.observe(*pending[0])
+            return
+        by_key: dict[tuple[int, int], list[float]] = {}
         for batch_size, width, seconds in pending:
-            self.observe(batch_size, width, seconds)
+            if width not in self.widths:
+                raise ValueError(f"width {width} is not a candidate ({self.widths})")
+            if not seconds >= 0:
+                raise ValueError(f"seconds must be non-negative, got {seconds}")
+            by_key.setdefault((self.bucket_for(batch_size), width), []).append(seconds)
+        for key, timings in by_key.items():        # keys are independent: only each one's order matters
+            seen, kept = self._seen.get(key, 0), []
+            for seconds in timings:
+                seen += 1
+                if seen > self.discard and not self._stalled(key, seconds):
+                    kept.append(seconds)
+            self._seen[key] = seen
+            if not kept:
+                continue
+            samples = self._samples.get(key)
+            if samples is None:
+                samples = self._samples[key] = deque(maxlen=self.window)
+            samples.extend(kept)
+            if key[0] in self._tables:
+                self._stale.add(key)
 
     def _catch_up(self) -> None:
         """File the timings observed for later and re-estimate the kept entries they changed."""

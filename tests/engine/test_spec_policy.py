@@ -48,6 +48,19 @@ def test_cost_model_files_later_observations_when_read():
     assert model.table(1)[1] == 0.5 and model.measured(1, 1) == 0.5     # the window keeps 0.5, 0.7, 0.6
     model.observe_later(1, 1, 0.8)
     assert model.timed_at(1, 1) == 0.6                                  # 0.5 left the window
+    # Filed a key at a time, they leave what `observe` one by one leaves: discarded first samples,
+    # stalls dropped, the window's last samples, per key, whatever the keys' interleaving.
+    timings = [(1, 1, 0.9), (2, 2, 5.0), (1, 1, 0.4), (2, 1, 0.3), (2, 2, 4.0), (1, 1, 0.7),
+               (1, 1, 0.6), (2, 2, 3.0), (1, 2, 0.2), (1, 1, 80.0), (1, 1, 0.5)]
+    later, now = (StepCostModel([1, 2], [1, 2], discard=1, min_samples=2, window=3) for _ in range(2))
+    for m in (later, now):
+        m._stall_limits[(1, 1)] = 10.0                                  # as `set_priors` sets: 80 s is a stall
+    for t in timings:
+        later.observe_later(*t)
+        now.observe(*t)
+    later.table(1)
+    assert later._samples == now._samples and later._seen == now._seen
+    assert later.table(2) == now.table(2) and later.table(1) == now.table(1)
 
 
 @pytest.mark.parametrize("kwargs, field", [({"widths": [2, 4]}, "widths"), ({"buckets": [4, 2]}, "buckets"),

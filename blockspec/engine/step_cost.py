@@ -54,7 +54,7 @@ class StepCostModel:
         # Read every step for every width, changed by one key a step: kept, not recomputed.
         self._tables: dict[int, dict[int, float | None]] = {}    # bucket → width → `measured`
         self._stale: set[tuple[int, int]] = set()                 # kept entries with newer samples
-        self._pending: list[tuple[int, int, float]] = []          # `observe_later`'s, not yet filed
+        self._pending: dict[tuple[int, int], list[float]] = {}   # (bucket, width) → `observe_later`'s timings
         self._buckets: dict[int, int] = {}                        # batch size → `bucket_for`
         self.logged: set[int] = set()        # buckets whose table was logged
         # (bucket, width, sampling variant) → seconds of the step's GPU work alone, timed at
@@ -101,29 +101,29 @@ class StepCostModel:
     def observe_later(self, batch_size: int, width: int, seconds: float) -> None:
         """`observe`, filed when the model is next read (a plain stretch times every step and reads
         the table every few: issue 15's policy host time)."""
-        self._pending.append((batch_size, width, seconds))
+        key = (self.bucket_for(batch_size), width)
+        timings = self._pending.get(key)
+        if timings is None:
+            self._pending[key] = [seconds]
+        else:
+            timings.append(seconds)
 
     def _file(self) -> None:
-        """`observe` each pending timing, a key's in one pass (a quiet plain stretch leaves up to
-        16 of one key; filing them one call each was most of a full choice's cost read)."""
-        pending, self._pending = self._pending, []
-        if len(pending) == 1:
-            self.observe(*pending[0])
-            return
-        by_key: dict[tuple[int, int], list[float]] = {}
-        for batch_size, width, seconds in pending:
-            if width not in self.widths:
-                raise ValueError(f"width {width} is not a candidate ({self.widths})")
-            if not seconds >= 0:
-                raise ValueError(f"seconds must be non-negative, got {seconds}")
-            by_key.setdefault((self.bucket_for(batch_size), width), []).append(seconds)
-        for key, timings in by_key.items():        # keys are independent: only each one's order matters
-            seen, kept = self._seen.get(key, 0), []
-            for seconds in timings:
-                seen += 1
-                if seen > self.discard and not self._stalled(key, seconds):
-                    kept.append(seconds)
-            self._seen[key] = seen
+        """`observe` the pending timings, a key's in one pass (a quiet plain stretch leaves up to
+        16 of one key: filing them one call each was most of a full choice's cost read). Keys
+        are independent: only each one's order matters."""
+        pending, self._pending = self._pending, {}
+        for key, timings in pending.items():
+            if key[1] not in self.widths:
+                raise ValueError(f"width {key[1]} is not a candidate ({self.widths})")
+            if not all(t >= 0 for t in timings):
+                raise ValueError(f"seconds must be non-negative, got {timings}")
+            seen = self._seen.get(key, 0)
+            self._seen[key] = seen + len(timings)
+            kept = timings[max(self.discard - seen, 0):]
+            limit = self._stall_limits.get(key)
+            if limit is not None:
+                kept = [t for t in kept if not t > limit]
             if not kept:
                 continue
             samples = self._samples.get(key)

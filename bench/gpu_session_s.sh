@@ -16,6 +16,7 @@ for r in doc["records"]:
           "median step ms", r.get("median_step_ms"), "slowest", r.get("slowest_steps_ms"), r.get("compiled"))
 for b, row in doc.get("cost_samples", {}).items():
     print("samples at bucket", b, {w: v[:6] for w, v in row.items()})
+print("priors (ms, bucket/width/variant):", {k: v for k, v in doc.get("cost_priors_ms", {}).items() if "/greedy" in k or "/sampled" in k})
 PY
 }
 if [ "${PART:-1}" = 1 ]; then

@@ -159,7 +159,10 @@ def run_compare(config, concurrencies: list[int], static_widths: list[int] | Non
                "num_prompts": {c: max(config.num_prompts, waves * c) for c in done}, "concurrencies": done,
                "repeats": repeats, "warmup_rounds": warmup_rounds, "records": records, "summary": summarise(records),
                "policy_host_seconds": engine.policy.host_seconds, "cost_tables": cost_tables(engine.policy),
-               "cost_samples": cost_samples(engine.policy)}
+               "cost_samples": cost_samples(engine.policy),
+               # The GPU time of each captured step alone (startup replays; none on a CPU): what
+               # the timed costs above hold beyond it is host work, overlap and noise.
+               "cost_priors_ms": {f"{b}/{w}/{v}": round(t * 1e3, 4) for (b, w, v), t in sorted(engine.policy.cost.priors.items())}}
         if on_progress is not None:
             on_progress(doc)
     return doc

@@ -51,6 +51,7 @@ def test_compare_static_cli_writes_json_and_plot(qwen3_dir, tmp_path, capsys):
     assert any(v is not None for t in tables for v in t.values())
     # The samples behind them: a measured entry is one of its key's samples (the lower quartile).
     samples = doc["cost_samples"]
+    assert doc["cost_priors_ms"] == {}                              # no CUDA graphs on a CPU: no GPU priors
     assert all(v is None or v in samples[b][w] for b, t in doc["cost_tables"].items() for w, v in t.items())
     # Each round records what its tok/s may hide: compiles (none on a CPU) and its slowest steps.
     assert all(r["triton_compiles"] == 0 and r["compiles_rounds"] == [0] and len(r["slowest_steps_ms"]) == 3

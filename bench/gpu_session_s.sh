@@ -24,7 +24,7 @@ if [ "${PART:-1}" = 1 ]; then
     timeout $(cap ${SLICE_S:-120}) python3 -m blockspec.cli bench step --shape kimi-k2-slice --int4-experts --profile \
         --output "$OUT/step_kimi_slice_int4_h200.json" 2>&1 | grep -v -i warn | tail -14 | tee "$OUT/step_kimi_slice_int4_h200.txt"
   fi
-  WARMUP_ROUNDS=1 compare_static "T0:0::3" 260
+  WARMUP_ROUNDS=1 compare_static "${T0_RUN:-T0:0::3}" 260
   show_rounds "$OUT/compare_static_gpu_T0.json"
   # Quiet plain stretches now last until a due re-timing can run (full choices on 53 % of steps in
   # gpu_session_r's c = 1, T = 1 run).

@@ -61,6 +61,12 @@ re-timing or a first look still waiting for the credit could be due (its step co
 credit: `_steps_until`), the counters and the credit advancing as the full choice would advance
 them; such a step's `observe` only files its timing and counts the acceptance model's stretch. At T = 1, where nearly every step is plain, this cuts the policy's host
 time; on an adversary's run, requests joining or not, the widths are the same step for step.
+After a speculative choice the next SPEC_QUIET_STEPS steps of the batch repeat it the same way
+(each still observed in full: the acceptance model learns from every step), so a change of
+acceptance moves the choice at most that many steps late. On the H100 the policy's host time
+was exposed at c = 16, T = 0 (338 µs a step, the adaptive step 0.21 ms longer than the static
+chain 16's at nearly the same widths: gpu_session_s); replayed, 4 steps gave 0.98–0.99× the
+best static width at c = 1 (0.99–1.0 without) and 0.99 at c = 16 (0.95–0.99 without).
 
 Timing: a step costs the time from the end of the previous step's commit to the end of its own
 — counted only when the previous step ran at the same width and batch bucket with nothing in
@@ -102,6 +108,7 @@ LOOK_WORTH = 0.1       # first looks that changed the choice this often are run 
 LOOK_FREE_ROWS = 2     # … in batches this small (a look runs the whole batch wide, for one request)
 MAX_PROBE_SPACING = 512   # steps: probes and re-timings come at least this often
 QUIET_STEPS = 16       # plain steps of an unchanged batch that repeat the last choice unrecomputed
+SPEC_QUIET_STEPS = 4    # the same after a speculative choice (which every step still teaches)
 
 
 def candidate_widths(full_width: int) -> list[int]:
@@ -180,8 +187,9 @@ class SpecPolicy:
         self.context_pending = lambda: False
         self._flush_seconds: deque = deque(maxlen=15)
         # A quiet stretch (`_choose_quietly`): (its batch's ids, steps left, credit a step, the
-        # credit's cap), or None.
-        self._quiet: tuple[list[str], int, float, float] | None = None
+        # credit's cap, its width), or None.
+        self._quiet: tuple[list[str], int, float, float, int] | None = None
+        self.spec_quiet_steps = SPEC_QUIET_STEPS
 
     def name(self, width: int) -> str:
         return config_name(width, self.builds_trees)
@@ -210,11 +218,13 @@ class SpecPolicy:
         if quiet is None or quiet[1] <= 0 or ids != quiet[0]:
             self._quiet = None
             return None
-        self._quiet = (quiet[0], quiet[1] - 1, quiet[2], quiet[3])
-        self._credit = min(self._credit + quiet[2], quiet[3])
+        ids, left, inc, cap, width = quiet
+        self._quiet = (ids, left - 1, inc, cap, width)
+        self._credit = min(self._credit + inc, cap)
         self._steps += 1
-        self._since_probe += 1
-        return 1
+        if width < self.full_width:
+            self._since_probe += 1
+        return width
 
     def _choose(self, seqs, ids: list[str]) -> int:
         B = len(seqs)
@@ -281,18 +291,20 @@ class SpecPolicy:
                 self._credit = max(self._credit - spend, 0.0)
                 self._since_probe, self._before_probe = 0, width
                 return self.full_width
-        if width == 1 and self._before_probe is None:
+        if self._before_probe is None and (width == 1 or self.spec_quiet_steps):
             # Plain, nothing explored: the next steps of this batch may repeat it unrecomputed
             # until a probe, a re-timing or a first look could be due (`_choose_quietly`). A look
             # still wanted here is not free (it would have run), so it waits for the credit;
             # while one was wanted no stretch began, and at T = 1 on the CPU, once looks ran on
             # credit, that was 291 of 369 full choices at c = 1.
-            inc, cap = PROBE_BUDGET * self.explore_scale * costs[1], 2 * max(costs.values())
-            spend = costs[self.full_width] - costs[1]
-            probe = self._steps_until(self.probe_interval - self._since_probe, spend,
-                                      MAX_PROBE_SPACING - self._since_probe, inc, cap)
-            if self._look_wanted:
-                probe = min(probe, self._steps_until(0, spend, MAX_PROBE_SPACING, inc, cap))
+            inc, cap = PROBE_BUDGET * self.explore_scale * costs[width], 2 * max(costs.values())
+            spend = costs[self.full_width] - costs[width]
+            probe = math.inf
+            if width < self.full_width:       # (at the full width nothing probes and looks are done)
+                probe = self._steps_until(self.probe_interval - self._since_probe, spend,
+                                          MAX_PROBE_SPACING - self._since_probe, inc, cap)
+                if self._look_wanted:
+                    probe = min(probe, self._steps_until(0, spend, MAX_PROBE_SPACING, inc, cap))
             retime = probe
             if others:
                 _, retime_spend = self._next_retiming(B, others, costs, width)
@@ -303,11 +315,11 @@ class SpecPolicy:
                 # probe. Without this, a due re-timing waiting for its credit (three wide steps) ended
                 # every stretch at once: a full choice on 60 % of the steps of a T = 1 replay at the
                 # H100's c = 1 costs, where the policy's host time was 10 % of the step.
-                if probe >= self.retime_interval - self._steps:
+                if probe != math.inf and probe >= self.retime_interval - self._steps:
                     probe = max(min(retime, MAX_PROBE_SPACING - self._since_probe), 1)
             due = min(probe, retime) - 1
             if due > 0:
-                self._quiet = (ids, min(QUIET_STEPS, due), inc, cap)
+                self._quiet = (ids, min(QUIET_STEPS if width == 1 else self.spec_quiet_steps, due), inc, cap, width)
         return width
 
     def _charged(self, costs: dict[int, float]) -> dict[int, float]:
@@ -342,7 +354,7 @@ class SpecPolicy:
             # pair of samples priced chain 16 out at bucket 16 (chain 8 timed at 1.51 ms against
             # chain 16's 0.97 on the H100, gpu_session_r) for the rest of a run, where the turn
             # reaches a width every fourth re-timing.
-            suspects = out_of_order(table)
+            suspects = out_of_order({w: c for w, c in table.items() if c is not None})   # (this width may be untimed)
             suspects = [w for w in others if w in suspects] if suspects else None
             other = suspects[-1] if suspects else others[self._probes % len(others)]
         return other, self._retime_steps * max(costs[other] - costs[width], 0.0)

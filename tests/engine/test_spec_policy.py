@@ -676,6 +676,7 @@ def test_a_pending_context_write_is_charged_to_leaving_plain_not_to_staying_spec
     pending = [True]
     policy.context_pending = lambda: pending[0]
     assert policy.choose(seqs) == 4            # no write timed yet: nothing to charge
+    policy._quiet = None                       # (the pending write stood in for, not a step run: no stretch)
     for _ in range(3):
         policy.observe_flush(1.5)
     policy.observe_flush(9.0)                  # a stall among the writes: the lower quartile ignores it
@@ -781,3 +782,51 @@ def test_a_width_timed_out_of_order_is_retimed_before_the_turn():
     assert next_retiming({**in_order, 2: 0.5, 8: 1.5}) == 1            # plain above chain 2: narrowest first
     assert next_retiming({**in_order, 8: 1.5}) == 8
     assert next_retiming({**in_order, 4: 0.71}) == 2                   # chain 2 above chain 4: narrowest first
+
+
+def test_speculative_quiet_stretches_lag_a_change_by_at_most_their_length(monkeypatch):
+    """After a speculative choice the same batch's next `spec_quiet_steps` steps repeat it
+    unrecomputed (every step still teaches the acceptance model). Over an oracle's run they
+    choose what full choices choose; when the drafts turn bad the choice leaves the full width
+    at most that many steps later, and full choices ran on a fraction of the steps."""
+    import blockspec.engine.spec_policy as spec_policy
+    monkeypatch.setattr(spec_policy, "MIN_EXPLORE_SCALE", 1.0)
+    cost = lambda w: 0.01 * (1 + 0.1 * w)                 # noqa: E731
+
+    def run(quiet_steps: int, turn: int | None) -> tuple[list[int], int]:
+        policy = SpecPolicy("adaptive", 8, False, [1, 2, 4])
+        policy.spec_quiet_steps = quiet_steps
+        full, real = [0], policy._choose
+        policy._choose = lambda seqs, ids: (full.__setitem__(0, full[0] + 1), real(seqs, ids))[1]
+        seqs = [SimpleNamespace(request_id=f"r{i}", status=Status.RUNNING,
+                                params=SimpleNamespace(greedy=True, temperature=0.0, seed=None)) for i in range(2)]
+        chosen, clock = [], 0.0
+        for k in range(400):
+            w = policy.choose(seqs)
+            chosen.append(w)
+            acc = w - 1 if turn is None or k < turn else 0
+            clock += cost(w)
+            policy.observe(seqs, w, StepResult([[0]] * 2, [acc] * 2, [w - 1] * 2, [list(range(1, acc + 1))] * 2),
+                           now=clock)
+        return chosen, full[0]
+
+    every, every_full = run(0, None)
+    quiet, quiet_full = run(4, None)
+    assert quiet == every and every.count(8) > 300 and quiet_full < 0.4 * every_full
+    turn = 200
+    every, _ = run(0, turn)
+    quiet, _ = run(4, turn)
+    left = lambda chosen: next(k for k in range(turn, 400) if chosen[k] != 8)     # noqa: E731
+    assert quiet[:turn] == every[:turn] and left(every) <= left(quiet) <= left(every) + 4
+    assert quiet[left(quiet) + 20:].count(1) > 0.8 * len(quiet[left(quiet) + 20:])   # then plain, as full choices
+
+
+def test_a_retiming_from_an_untimed_width_reads_only_timed_costs():
+    """The width chosen may be one a cold bucket skipped (an estimate standing in for its cost):
+    the next re-timing's pick compares timed widths only."""
+    policy = SpecPolicy("adaptive", 16, False, [1])
+    for w, c in {1: 0.7, 2: 0.72, 8: 1.5, 16: 1.0}.items():
+        for _ in range(2):
+            policy.cost.observe(1, w, c)
+    costs = {**policy.cost.table(1), 4: 0.9}                  # chain 4 untimed, estimated
+    assert policy._next_retiming(1, [16, 8, 2, 1], monotone_costs(costs), 4)[0] == 8   # out of order with 16

@@ -74,23 +74,30 @@ class StepCostModel:
     def observe(self, batch_size: int, width: int, seconds: float) -> bool:
         """One timed step; True when it is the sample that makes its key measured (what a
         caller that logs full tables waits for, instead of scanning them every step)."""
-        if width not in self.widths:
-            raise ValueError(f"width {width} is not a candidate ({self.widths})")
-        if not seconds >= 0:
-            raise ValueError(f"seconds must be non-negative, got {seconds}")
+        self._check(width, [seconds])
         key = (self.bucket_for(batch_size), width)
         self._seen[key] = self._seen.get(key, 0) + 1
         if self._seen[key] <= self.discard or self._stalled(key, seconds):
             return False
+        return len(self._keep(key, [seconds])) == self.min_samples
+
+    def _check(self, width: int, timings: list[float]) -> None:
+        if width not in self.widths:
+            raise ValueError(f"width {width} is not a candidate ({self.widths})")
+        if not all(t >= 0 for t in timings):
+            raise ValueError(f"seconds must be non-negative, got {timings}")
+
+    def _keep(self, key: tuple[int, int], timings: list[float]) -> deque:
+        """Add timings to a key's samples (its window); returns them."""
         samples = self._samples.get(key)
         if samples is None:
             samples = self._samples[key] = deque(maxlen=self.window)
-        samples.append(seconds)
+        samples.extend(timings)
         if key[0] in self._tables:
             # Re-estimated when next read (`_refresh`): a plain stretch times every step and reads
             # the table every few, and the policy's host time is the issue-15 figure it runs in.
             self._stale.add(key)
-        return len(samples) == self.min_samples
+        return samples
 
     def _refresh(self) -> None:
         """Re-estimate the kept tables' entries that have new samples."""
@@ -114,24 +121,15 @@ class StepCostModel:
         are independent: only each one's order matters."""
         pending, self._pending = self._pending, {}
         for key, timings in pending.items():
-            if key[1] not in self.widths:
-                raise ValueError(f"width {key[1]} is not a candidate ({self.widths})")
-            if not all(t >= 0 for t in timings):
-                raise ValueError(f"seconds must be non-negative, got {timings}")
+            self._check(key[1], timings)
             seen = self._seen.get(key, 0)
             self._seen[key] = seen + len(timings)
             kept = timings[max(self.discard - seen, 0):]
             limit = self._stall_limits.get(key)
             if limit is not None:
                 kept = [t for t in kept if not t > limit]
-            if not kept:
-                continue
-            samples = self._samples.get(key)
-            if samples is None:
-                samples = self._samples[key] = deque(maxlen=self.window)
-            samples.extend(kept)
-            if key[0] in self._tables:
-                self._stale.add(key)
+            if kept:
+                self._keep(key, kept)
 
     def _catch_up(self) -> None:
         """File the timings observed for later and re-estimate the kept entries they changed."""

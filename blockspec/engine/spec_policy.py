@@ -353,9 +353,13 @@ class SpecPolicy:
             # first. `monotone_costs` raises the wider to the narrower meanwhile, so one noisy
             # pair of samples priced chain 16 out at bucket 16 (chain 8 timed at 1.51 ms against
             # chain 16's 0.97 on the H100, gpu_session_r) for the rest of a run, where the turn
-            # reaches a width every fourth re-timing.
-            suspects = out_of_order({w: c for w, c in table.items() if c is not None})   # (this width may be untimed)
-            suspects = [w for w in others if w in suspects] if suspects else None
+            # reaches a width every fourth re-timing. Every other re-timing only: an inversion
+            # that persists (chain 8 over chain 16 in all six samples at buckets 8–24 on another
+            # H100, gpu_session_s) must not starve the turn.
+            suspects = None
+            if self._probes % 2 == 0:
+                suspects = out_of_order({w: c for w, c in table.items() if c is not None})   # (this width may be untimed)
+                suspects = [w for w in others if w in suspects] if suspects else None
             other = suspects[-1] if suspects else others[self._probes % len(others)]
         return other, self._retime_steps * max(costs[other] - costs[width], 0.0)
 

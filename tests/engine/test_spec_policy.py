@@ -768,10 +768,11 @@ def test_a_cold_buckets_bounds_are_kept_for_a_few_choices_and_redone_when_a_widt
 
 def test_a_width_timed_out_of_order_is_retimed_before_the_turn():
     """A width timed dearer than a wider one (one noisy pair of samples: chain 8 at 1.5 ms beside
-    chain 16's 1.0 ms) is re-timed at the next re-timing, not when the turn reaches it; with
-    the table in order the turn decides."""
-    def next_retiming(costs: dict[int, float]) -> int:
+    chain 16's 1.0 ms) is re-timed at the next even re-timing, not when the turn reaches it;
+    with the table in order the turn decides."""
+    def next_retiming(costs: dict[int, float], probes: int = 0) -> int:
         policy = SpecPolicy("adaptive", 16, False, [1])
+        policy._probes = probes                                       # re-timings run so far
         for w, c in costs.items():
             for _ in range(2):
                 policy.cost.observe(1, w, c)
@@ -782,6 +783,8 @@ def test_a_width_timed_out_of_order_is_retimed_before_the_turn():
     assert next_retiming({**in_order, 2: 0.5, 8: 1.5}) == 1            # plain above chain 2: narrowest first
     assert next_retiming({**in_order, 8: 1.5}) == 8
     assert next_retiming({**in_order, 4: 0.71}) == 2                   # chain 2 above chain 4: narrowest first
+    # Every other re-timing only: an inversion that persists does not starve the turn.
+    assert next_retiming({**in_order, 8: 1.5}, probes=1) == 4 and next_retiming({**in_order, 8: 1.5}, probes=2) == 8
 
 
 def test_speculative_quiet_stretches_lag_a_change_by_at_most_their_length(monkeypatch):

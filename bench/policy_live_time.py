@@ -10,6 +10,7 @@ engine's tensor ops they do not, and the same calls took 5–10× as long on the
 `--pin-width W`: every step at width W (the choice itself not run: on this CPU the policy runs
 plain where on a GPU it speculates), so that `observe` learns from real speculative steps.
 `--scalar-rows N`: the acceptance model's per-row path up to N rows (numpy's above).
+`--spec-quiet-steps N`: the policy's quiet stretches after a speculative choice (SPEC_QUIET_STEPS).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def main() -> int:
     ap.add_argument("--split", action="store_true")
     ap.add_argument("--pin-width", type=int, default=None)
     ap.add_argument("--scalar-rows", type=int, default=None)
+    ap.add_argument("--spec-quiet-steps", type=int, default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
     llm = bundled_dflash(device=args.device, dtype=args.dtype, max_running_requests=args.concurrency)
@@ -50,6 +52,8 @@ def main() -> int:
         policy._choose_quietly, policy._choose = (lambda ids: None), (lambda seqs, ids: args.pin_width)
     if args.scalar_rows is not None:
         policy.acceptance.scalar_rows = args.scalar_rows
+    if args.spec_quiet_steps is not None:
+        policy.spec_quiet_steps = args.spec_quiet_steps
     pieces = [(policy, "_choose"), (policy.acceptance, "expected_totals"), (policy, "_costs_or_width_to_time"),
               (policy, "_charged"), (policy.acceptance, "observe_step"), (policy.cost, "observe")] if args.split else []
     for owner, name in pieces:

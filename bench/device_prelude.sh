@@ -25,6 +25,34 @@ compare_static() {
     grep -v -i "warn\|token indices" /tmp/log_cs.txt | tail -6
   done
 }
+# kimi_slice_on_h200: issue 14's Kimi-slice step benchmark (INT4 experts, profiled), on an H200 only:
+# the card the issue asks its figure on.
+kimi_slice_on_h200() {
+  grep -q H200 "$OUT/device.txt" || return 0
+  timeout $(cap ${SLICE_S:-120}) python3 -m blockspec.cli bench step --shape kimi-k2-slice --int4-experts --profile \
+      --output "$OUT/step_kimi_slice_int4_h200.json" 2>&1 | grep -v -i warn | tail -14 | tee "$OUT/step_kimi_slice_int4_h200.txt"
+}
+# live_time C T PROMPTS [flags…]: bench/policy_live_time.py (the policy's host time inside a run, its
+# choices and cost tables) on the bundled pair, 128 tokens, appended to $OUT/policy_live_time.txt.
+live_time() {
+  local C=$1 T=$2 P=$3; shift 3
+  timeout $(cap 45) python3 bench/policy_live_time.py --device cuda --dtype bfloat16 --concurrency $C --temperature $T \
+      --split --prompts $P --max-tokens 128 "$@" 2>&1 | grep -v -i "warn\|token indices" | tail -1 | tee -a "$OUT/policy_live_time.txt"
+}
+# show_rounds JSON: each compare-static cell's rounds (tok/s, Triton compiles, median and slowest
+# steps), the adaptive engine's cost samples and its GPU priors.
+show_rounds() {
+  python3 - "$1" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+for r in doc["records"]:
+    print(r["configuration"], r["concurrency"], [round(x) for x in r["tok_s_rounds"]], "compiles", r.get("compiles_rounds"),
+          "median step ms", r.get("median_step_ms"), "slowest", r.get("slowest_steps_ms"), r.get("compiled"))
+for b, row in doc.get("cost_samples", {}).items():
+    print("samples at bucket", b, {w: v[:6] for w, v in row.items()})
+print("priors (ms, bucket/width/variant):", {k: v for k, v in doc.get("cost_priors_ms", {}).items() if "/greedy" in k or "/sampled" in k})
+PY
+}
 # start_server NAME PORT [serve flags…]: `blockspec serve` of the bundled pair (CUDA, bf16, 64 requests in
 # flight) in the background, logging to /tmp/server_NAME.log; waits for /health (≤ 150 s) and sets
 # SERVER (its pid) and SERVER_UP_S (seconds it took).

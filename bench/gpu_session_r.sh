@@ -16,31 +16,22 @@
 set -uo pipefail
 source bench/device_prelude.sh
 if [ "${PART:-1}" = 1 ]; then
-  if grep -q H200 "$OUT/device.txt"; then   # issue 14 asks its Kimi-slice figure on this card
-    timeout $(cap ${SLICE_S:-120}) python3 -m blockspec.cli bench step --shape kimi-k2-slice --int4-experts --profile \
-        --output "$OUT/step_kimi_slice_int4_h200.json" 2>&1 | grep -v -i warn | tail -14 | tee "$OUT/step_kimi_slice_int4_h200.txt"
-  fi
+  kimi_slice_on_h200
   timeout $(cap 60) python3 -m pytest -q -x -p no:cacheprovider -rfE "tests/engine/test_cuda_graphs.py" -k "ddtree" \
       > "$OUT/cuda_tests_ddtree_log.txt" 2>&1
   grep -E "passed|failed|Error|assert" "$OUT/cuda_tests_ddtree_log.txt" | head -20
   # Chains' per-position acceptance (engine/chain_acceptance.py): T = 0 first, where the per-width
   # figures lost 5–22 % to the static chain 16 (gpu_session_q).
   WARMUP_ROUNDS=1 compare_static "T0:0::2" 190
-  for RUN in "1 1 16" "16 0 64"; do
-    read -r C T P <<< "$RUN"
-    timeout $(cap 45) python3 bench/policy_live_time.py --device cuda --dtype bfloat16 --concurrency $C --temperature $T \
-        --split --prompts $P --max-tokens 128 2>&1 | grep -v -i "warn\|token indices" | tail -1 | tee -a "$OUT/policy_live_time.txt"
-  done
+  live_time 1 1 16
+  live_time 16 0 64
   timeout $(cap ${ATTN_S:-80}) python3 bench/attn_calls.py --batch 16 --output "$OUT/attn_calls.json" \
       2>&1 | grep -v -i "warn" | tail -30 | tr -s ' \n' ' ' | cut -c1-2500; echo
   WARMUP_ROUNDS=1 compare_static "T1u:1:u:2" 190
   rm -f "$OUT"/*.png
 elif [ "${PART:-1}" = 3 ]; then   # ≤ 4 min: what a short call can still tell
-  for RUN in "1 1 16" "16 0 64"; do
-    read -r C T P <<< "$RUN"
-    timeout $(cap 45) python3 bench/policy_live_time.py --device cuda --dtype bfloat16 --concurrency $C --temperature $T \
-        --split --prompts $P --max-tokens 128 2>&1 | grep -v -i "warn\|token indices" | tail -1 | tee -a "$OUT/policy_live_time.txt"
-  done
+  live_time 1 1 16
+  live_time 16 0 64
   timeout $(cap 60) python3 -c "import json; from bench.attn_calls import mask_cost; print(json.dumps(mask_cost()))" \
       2>&1 | tail -3 | tee "$OUT/mask_cost.json"
   timeout $(cap 60) python3 -m pytest -q -x -p no:cacheprovider -rfE "tests/engine/test_cuda_graphs.py" -k "ddtree" \

@@ -9,25 +9,7 @@
 # Usage on the device machine, from the repo root:  PART=1 bash bench/gpu_session_t.sh
 set -uo pipefail
 source bench/device_prelude.sh
-show_rounds() {   # each cell's rounds: tok/s, compiles, median and slowest steps; the cost samples
-  python3 - "$1" <<'PY'
-import json, sys
-doc = json.load(open(sys.argv[1]))
-for r in doc["records"]:
-    print(r["configuration"], r["concurrency"], [round(x) for x in r["tok_s_rounds"]], "compiles", r.get("compiles_rounds"),
-          "median step ms", r.get("median_step_ms"), "slowest", r.get("slowest_steps_ms"), r.get("compiled"))
-for b, row in doc.get("cost_samples", {}).items():
-    print("samples at bucket", b, {w: v[:6] for w, v in row.items()})
-PY
-}
-live_time() {   # C T PROMPTS
-  timeout $(cap 45) python3 bench/policy_live_time.py --device cuda --dtype bfloat16 --concurrency $1 --temperature $2 \
-      --split --prompts $3 --max-tokens 128 2>&1 | grep -v -i "warn\|token indices" | tail -1 | tee -a "$OUT/policy_live_time.txt"
-}
-if grep -q H200 "$OUT/device.txt" && [ "${PART:-1}" = 1 ]; then   # issue 14 asks its Kimi-slice figure on this card
-  timeout $(cap ${SLICE_S:-120}) python3 -m blockspec.cli bench step --shape kimi-k2-slice --int4-experts --profile \
-      --output "$OUT/step_kimi_slice_int4_h200.json" 2>&1 | grep -v -i warn | tail -14 | tee "$OUT/step_kimi_slice_int4_h200.txt"
-fi
+[ "${PART:-1}" = 1 ] && kimi_slice_on_h200
 live_time 16 0 64
 live_time 1 1 16
 if [ "${PART:-1}" = 1 ]; then

@@ -123,8 +123,8 @@ class DeferredContext:
         # Rows a write takes at most (None: all). The engine sets its prefill warm-up's widest chunk:
         # a write is shaped as a prefill's, one sequence `[1, n]`, so every write runs kernels the
         # warm-up compiled (engine/warmup.py). Written as `[n, 1]` rows, up to half the ring at
-        # once (13,000 rows for the bundled pair), a write met shape classes nothing had compiled,
-        # and Triton compiled mid-run: 0.3–2 s a class on a GPU host.
+        # once (13,000 rows for the bundled pair), a write could meet shape classes nothing had
+        # compiled, and a compile mid-run costs 0.3–2 s on a GPU host.
         self.max_write_rows: int | None = None
 
     def use_kernel(self) -> None:

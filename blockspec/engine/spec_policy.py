@@ -354,7 +354,7 @@ class SpecPolicy:
             # pair of samples priced chain 16 out at bucket 16 (chain 8 timed at 1.51 ms against
             # chain 16's 0.97 on the H100, gpu_session_r) for the rest of a run, where the turn
             # reaches a width every fourth re-timing. Every other re-timing only: an inversion
-            # that persists (chain 8 over chain 16 in all six samples at buckets 8–24 on another
+            # that persists (chain 8 timed over chain 16 throughout, at buckets 8–24 on another
             # H100, gpu_session_s) must not starve the turn.
             suspects = None
             if self._probes % 2 == 0:

@@ -180,7 +180,7 @@ def cost_samples(policy) -> dict:
     width whose estimate stands apart from its neighbours' shows here whether one pair of
     samples or all of them put it there."""
     out: dict[str, dict[str, list]] = {}
-    for (bucket, width), samples in sorted(policy.cost._samples.items()):
+    for (bucket, width), samples in sorted(policy.cost.samples().items()):
         out.setdefault(str(bucket), {})[str(width)] = [round(t * 1e3, 4) for t in samples]
     return out
 

@@ -133,17 +133,16 @@ class Engine:
             self.policy.cost.set_priors(self.graphed.replay_seconds())
             log.info("step GPU time per bucket and width (ms): %s", self.policy.cost.format_priors())
         self.graphed_prefill = None
+        prefill_width = min(config.max_prefill_tokens, self.max_model_len)   # the widest prefill chunk
         if self.graphed is not None:
             self.graphed_prefill = GraphedPrefill(self.runner, self.proposer, self.page_tables.max_pages,
-                                                  config.page_size, min(config.max_prefill_tokens, self.max_model_len),
-                                                  self.device)
+                                                  config.page_size, prefill_width, self.device)
             self.graphed_prefill.capture(self.graphed.pool)
         if self.device.type == "cuda":
             from blockspec.engine.warmup import warm_up_prefill
-            warm_up_prefill(self.runner, self.proposer, config.page_size,
-                            min(config.max_prefill_tokens, self.max_model_len))
+            warm_up_prefill(self.runner, self.proposer, config.page_size, prefill_width)
         if getattr(self.proposer, "deferred", None) is not None:     # its writes: shapes the warm-up compiled
-            self.proposer.deferred.max_write_rows = min(config.max_prefill_tokens, self.max_model_len)
+            self.proposer.deferred.max_write_rows = prefill_width
         self.overlap = overlap_wanted and self.graphed is not None and self.spec_step.drafts_on_device
         if self.policy is not None:
             self.policy.overlapped = self.overlap

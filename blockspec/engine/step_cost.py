@@ -145,6 +145,11 @@ class StepCostModel:
         limit = self._stall_limits.get(key)
         return limit is not None and seconds > limit
 
+    def samples(self) -> dict[tuple[int, int], list[float]]:
+        """(bucket, width) → the timings kept for its estimate (seconds, oldest first)."""
+        self._catch_up()
+        return {key: list(samples) for key, samples in self._samples.items()}
+
     def measured(self, batch_size: int, width: int) -> float | None:
         """Seconds per step timed at this key, or None until it holds `min_samples`."""
         if self._pending:

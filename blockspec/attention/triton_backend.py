@@ -10,7 +10,7 @@ from blockspec.attention.backend import AttentionBackend, AttentionPlan
 from blockspec.attention.metadata import AttentionBatch
 from blockspec.attention.triton_kv_write import store_new_kv
 from blockspec.attention.triton_mla import mla_paged_attention
-from blockspec.attention.triton_paged import paged_attention
+from blockspec.attention.triton_paged import pack_tree_mask, paged_attention
 from blockspec.kv.cache import KVCache, LatentCache
 
 
@@ -19,7 +19,11 @@ class TritonBackend(AttentionBackend):
 
     def plan(self, batch: AttentionBatch, cache: KVCache, sliding_window: int | None = None,
              causal: bool = False, positions: torch.Tensor | None = None) -> AttentionPlan:
-        return AttentionPlan(batch, sliding_window, positions, extra=batch.mask_for(causal))
+        kind, new_mask = batch.mask_for(causal)
+        if kind == "tree" and not isinstance(cache, LatentCache):
+            # Packed once a forward for every layer's paged kernel (the MLA kernel reads bools).
+            new_mask = pack_tree_mask(new_mask)
+        return AttentionPlan(batch, sliding_window, positions, extra=(kind, new_mask))
 
     def forward(self, q, k, v, cache: KVCache, layer: int, plan: AttentionPlan, scale: float) -> torch.Tensor:
         batch = plan.batch

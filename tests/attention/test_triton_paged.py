@@ -121,6 +121,33 @@ def test_tree_verify():
     case.assert_close(case.kernel("tree", new_mask=mask), case.reference(mask))
 
 
+@pytest.mark.parametrize("prefixes,new_lens,q_len,hq", [([19, 40], [70, 33], 70, 4),   # 3 words, 3 query tiles
+                                                         ([0, 129], [33, 32], 33, 2),    # a word boundary
+                                                         ([5], [65], 65, 8)])            # DDTree-64's width
+def test_wide_tree_verify_packed(prefixes, new_lens, q_len, hq):
+    """Trees over several 32-key words and query tiles, the mask passed as bools and as the
+    words `pack_tree_mask` makes (what the backend packs once per forward)."""
+    case = Case(prefixes, new_lens, q_len, hq=hq, hkv=2, d=32, seed=13)
+    mask, _ = random_tree(case, new_lens)
+    ref = case.reference(mask)
+    case.assert_close(case.kernel("tree", new_mask=mask), ref)
+    case.assert_close(case.kernel("tree", new_mask=triton_paged.pack_tree_mask(mask)), ref)
+    case.assert_close(case.kernel("tree", new_mask=mask, num_splits=3), ref)
+
+
+def test_pack_tree_mask_bits():
+    """Bit r % 32 of word r // 32 is key r, bit 31 as the int32 sign bit; wrong words are refused."""
+    mask = torch.zeros(1, 40, 40, dtype=torch.bool)
+    mask[0, 39, [0, 31, 32, 39]] = True
+    words = triton_paged.pack_tree_mask(mask)
+    assert words.dtype == torch.int32 and words.shape == (1, 40, 2)
+    assert words[0, 39].tolist() == [1 - 2 ** 31, 1 | (1 << 7)]
+    assert (words[0, :39] == 0).all()
+    case = Case([3], [40], 40, seed=14)
+    with pytest.raises(ValueError, match="ceil"):
+        case.kernel("tree", new_mask=words[:, :, :1].contiguous())
+
+
 def test_full_block():
     """DFlash drafting: the block sees itself bidirectionally."""
     case = Case([30, 0, 17], [16, 16, 10], 16, hq=4, hkv=2, d=32, seed=2)

@@ -14,7 +14,7 @@ its log-sum-exp, and a second kernel combines them.
 
 Tree masks arrive packed (`pack_tree_mask`): one 32-bit word per query and 32 new keys, so a
 block of 32 new keys costs one load per query row, not a byte gather per (query, key) pair (the
-gather made a tree-masked call 1.5–1.7× a causal one on an H100 at width 16). The new keys are
+gather made a tree-masked call 1.1–1.7× a causal one on an H100 at width 16). The new keys are
 then their own loop of word-aligned 32-key blocks, after the cached keys; a tree node's
 ancestors precede it (parents have smaller indices), so a query tile reads no new key past its
 last query, as under the causal mask.

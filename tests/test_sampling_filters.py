@@ -22,12 +22,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import blockspec.sampling_filters as sf
 from blockspec.sampling import SamplingParams, SamplingTensors, filtered_probs
 from blockspec.sampling_filters import (
+    filtered_probs_prefix,
     filtered_probs_sorted,
     filtered_probs_sorted_exact,
     filtered_probs_sortfree,
 )
 
 METHODS = ["radix", "bisect"]
+# The exactness tests also run the CPU's prefix selection, with candidate counts small enough
+# that rows reach every stage: decided from 4 tokens, from 64, or by the whole row's sort.
+EXACT_METHODS = METHODS + ["prefix"]
 # Distance to a threshold below which the float32 reference may legitimately decide otherwise.
 # Its top_p masses are float32 probabilities whose float32 normaliser, summed over the whole
 # vocabulary, comes out low by up to ~2e-5 relative at V = 151,936 on CPU (small addends lost
@@ -79,9 +83,15 @@ def oracle(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Te
     return probs.reshape(logits.shape), keep.reshape(logits.shape)
 
 
+def run(logits, st, method):
+    if method == "prefix":
+        return filtered_probs_prefix(logits, st, sizes=(4, 64))
+    return filtered_probs_sortfree(logits, st, method=method)
+
+
 def exact_mismatches(logits, params, method) -> int:
-    """Number of probabilities that differ (bitwise) between the sort-free code and the oracle."""
-    got = filtered_probs_sortfree(logits, tensors(params), method=method)
+    """Number of probabilities that differ (bitwise) between the filter code and the oracle."""
+    got = run(logits, tensors(params), method)
     expected, _ = oracle(logits, params)
     same = (got == expected) | (got.isnan() & expected.isnan())
     return int((~same).sum())
@@ -121,14 +131,14 @@ RANDOM_CASES = [(12, 48, 3), (1000, 32, 3), (50000, 8, 3)]
 # bit-for-bit equality with the exact definition
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", EXACT_METHODS)
 @pytest.mark.parametrize("vocab, batch, positions", RANDOM_CASES)
 def test_random_rows_equal_the_exact_definition(vocab, batch, positions, method):
     generator = torch.Generator().manual_seed(vocab)
     for trial in range(2):
         params = random_params(batch, vocab, generator)
         logits = random_logits((batch, positions, vocab), generator)
-        got = filtered_probs_sortfree(logits, tensors(params), method=method)
+        got = run(logits, tensors(params), method)
         expected, keep = oracle(logits, params)
         assert got.dtype == torch.float32 and got.shape == logits.shape
         assert torch.equal(got, expected)
@@ -139,25 +149,25 @@ def test_random_rows_equal_the_exact_definition(vocab, batch, positions, method)
     assert torch.equal(filtered_probs_sorted_exact(logits, tensors(params)), expected)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", EXACT_METHODS)
 def test_middle_dims_and_bfloat16_logits(method):
     generator = torch.Generator().manual_seed(5)
     params = random_params(6, 300, generator)
     logits = random_logits((6, 2, 3, 300), generator).bfloat16()  # many exact ties too
-    got = filtered_probs_sortfree(logits, tensors(params), method=method)
+    got = run(logits, tensors(params), method)
     assert torch.equal(got, oracle(logits, params)[0])
-    flat = filtered_probs_sortfree(logits[:, 1], tensors(params), method=method)
+    flat = run(logits[:, 1], tensors(params), method)
     assert torch.equal(got[:, 1], flat)  # a row's result does not depend on its neighbours
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", EXACT_METHODS)
 def test_ties_straddling_the_top_k_boundary(method):
     generator = torch.Generator().manual_seed(1)
     vocab = 1000
     logits = torch.randint(0, 4, (6, vocab), generator=generator).float()  # ~250 tokens per value
     for top_k in [1, 5, 37, 251, 600, 999, vocab]:
         params = [SamplingParams(top_k=top_k, temperature=t) for t in (1.0, 0.5, 1.0, 2.0, 1.0, 0.7)]
-        got = filtered_probs_sortfree(logits, tensors(params), method=method)
+        got = run(logits, tensors(params), method)
         assert torch.equal(got, oracle(logits, params)[0])
         assert ((got > 0).sum(dim=-1) == top_k).all()
         # The kept ties are the first ones in vocabulary order.
@@ -171,7 +181,7 @@ def test_ties_straddling_the_top_k_boundary(method):
         assert torch.equal(got > 0, filtered_probs_sorted(logits, tensors(params)) > 0)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", EXACT_METHODS)
 def test_ties_straddling_the_top_p_boundary(method):
     """Equal logits: the preceding mass of the j-th tied token is j/n exactly (integer weights)."""
     for vocab in [4, 1000, 1024]:
@@ -179,7 +189,7 @@ def test_ties_straddling_the_top_p_boundary(method):
         for top_p in [0.25, 0.5, 0.7, 0.999, 1e-6]:
             for value in [top_p, float(torch.nextafter(torch.tensor(float32(top_p)), torch.tensor(1.0)))]:
                 params = [SamplingParams(top_p=value)]
-                got = filtered_probs_sortfree(logits, tensors(params), method=method)
+                got = run(logits, tensors(params), method)
                 assert torch.equal(got, oracle(logits, params)[0])
                 # kept j iff j / vocab < top_p: ceil(top_p * vocab) tokens, the first ones.
                 expected = math.ceil(Fraction(float32(value)) * vocab)
@@ -190,7 +200,7 @@ def test_ties_straddling_the_top_p_boundary(method):
                 assert torch.equal(filtered_probs_sortfree(logits, st) > 0, filtered_probs_sorted(logits, st) > 0)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", EXACT_METHODS)
 def test_tie_groups_at_both_boundaries(method):
     # Ten tied maxima, then two other groups. top_k 7 keeps the first seven maxima; top_p 0.5
     # of those keeps j with j/7 < 0.5, i.e. the first four.
@@ -206,24 +216,24 @@ def test_tie_groups_at_both_boundaries(method):
         (SamplingParams(temperature=0.1, top_p=0.35), maxima[:4]),  # others negligible: j/10 < 0.35
     ]
     for params, expected_kept in cases:
-        got = filtered_probs_sortfree(logits, tensors([params]), method=method)
+        got = run(logits, tensors([params]), method)
         assert torch.equal(got, oracle(logits, [params])[0])
         if expected_kept is not None:
             assert torch.equal((got[0] > 0).nonzero().flatten(), expected_kept)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", EXACT_METHODS)
 def test_negative_and_positive_zero_are_one_tie(method):
     logits = torch.tensor([[-1.0, -0.0, 0.0, -0.0, -2.0, 0.0]])
     for top_k in [1, 2, 3, 4]:
         params = [SamplingParams(top_k=top_k)]
-        got = filtered_probs_sortfree(logits, tensors(params), method=method)
+        got = run(logits, tensors(params), method)
         assert torch.equal(got, oracle(logits, params)[0])
         assert torch.equal(got > 0, filtered_probs_sorted(logits, tensors(params)) > 0)
         assert (got[0] > 0).nonzero().flatten().tolist() == [1, 2, 3, 5][:top_k]
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", EXACT_METHODS)
 def test_rows_of_minus_infinity(method):
     generator = torch.Generator().manual_seed(3)
     vocab = 500
@@ -240,7 +250,7 @@ def test_rows_of_minus_infinity(method):
          SamplingParams(temperature=0.0)],
     ]:
         st = tensors(params)
-        got = filtered_probs_sortfree(logits, st, method=method)
+        got = run(logits, st, method)
         assert mismatch_free(got, oracle(logits, params)[0])
         reference = filtered_probs_sorted(logits, st)
         torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-7, equal_nan=True)
@@ -324,6 +334,35 @@ def test_full_vocabulary_disagreements_are_float32_errors_of_the_reference():
     for (row, token), (top_p_distance, _) in zip(disagree, threshold_distances(logits, params, disagree)):
         assert abs(top_p_distance) <= TOP_P_TOLERANCE
         assert bool(got[row, token] > 0) == (top_p_distance < 0)  # float64 agrees with the new rule
+
+
+def test_prefix_rows_reach_every_stage(monkeypatch):
+    """With candidate counts 4 and 64 at V = 1000, rows are decided at each stage, and the ones
+    left sort whole; greedy rows and rows that no filter cuts take no selection."""
+    stages = []
+    real_prefix, real_sorted = sf._keep_from_prefix, sf._keep_sorted
+
+    def prefix(key, weight, k, top_p, n):
+        decided, keep = real_prefix(key, weight, k, top_p, n)
+        stages.append((n, len(key), int(decided.sum())))
+        return decided, keep
+
+    def whole(s, weight, k, top_p):
+        stages.append(("sort", len(s), len(s)))
+        return real_sorted(s, weight, k, top_p)
+
+    monkeypatch.setattr(sf, "_keep_from_prefix", prefix)
+    monkeypatch.setattr(sf, "_keep_sorted", whole)
+    generator = torch.Generator().manual_seed(21)
+    params = random_params(32, 1000, generator) + [SamplingParams(temperature=0.0, top_p=0.5), SamplingParams(min_p=0.1)]
+    logits = random_logits((34, 2, 1000), generator)
+    got = filtered_probs_prefix(logits, tensors(params), sizes=(4, 64))
+    assert torch.equal(got, oracle(logits, params)[0])
+    (n1, rows1, decided1), (n2, rows2, decided2), (last, rows3, _) = stages
+    assert (n1, n2, last) == (4, 64, "sort")
+    assert 0 < decided1 < rows1 and rows2 == rows1 - decided1 and 0 < decided2 < rows2 and rows3 == rows2 - decided2
+    cut = [not p.greedy and (0 < p.top_k < 1000 or p.top_p < 1) for p in params]
+    assert rows1 == 2 * sum(cut)
 
 
 def test_filtered_probs_is_the_sortfree_implementation():
@@ -428,7 +467,7 @@ right_top_p_limit = sf._top_p_limit
 right_top_k_rows = sf._top_k_rows
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", EXACT_METHODS)
 def test_negative_control_off_by_one_at_the_top_p_boundary(method, monkeypatch):
     tie_case = (torch.zeros(1, 1000), [SamplingParams(top_p=0.25)])  # the 251st has mass 0.25
     generator = torch.Generator().manual_seed(12)
@@ -440,7 +479,7 @@ def test_negative_control_off_by_one_at_the_top_p_boundary(method, monkeypatch):
     assert exact_mismatches(*random_case, method) == 0
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", EXACT_METHODS)
 def test_negative_control_off_by_one_at_the_top_k_boundary(method, monkeypatch):
     generator = torch.Generator().manual_seed(13)
     ties = torch.randint(0, 4, (4, 1000), generator=generator).float()

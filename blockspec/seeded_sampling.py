@@ -73,14 +73,17 @@ def _position_states(keys: torch.Tensor, positions: torch.Tensor) -> tuple[torch
     return _fmix32((k & MASK32) ^ pos), _fmix32(((k >> 32) & MASK32) ^ _fmix32(pos ^ MIX_A))
 
 
+def _noise_at(s: torch.Tensor, t: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """E at tokens `v` from their positions' states (`_position_states`), any matching shapes."""
+    h = _fmix32(_fmix32(v ^ s) ^ t)
+    return -torch.log((((h >> 8).float() + 0.5) * (1.0 / (1 << 24))).clamp(max=U_MAX))
+
+
 def race_noise(keys: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """`E [R, N, V]` float32, E ~ Exp(1) per entry, from `keys [R]` and `positions [R, N]` (the
     reference the kernel is tested against; memory R · N · V int64)."""
     s, t = _position_states(keys, positions)
-    v = torch.arange(vocab_size, device=keys.device, dtype=torch.long)
-    h = _fmix32(_fmix32(v ^ s[..., None]) ^ t[..., None])
-    u = (((h >> 8).float() + 0.5) * (1.0 / (1 << 24))).clamp(max=U_MAX)
-    return -torch.log(u)
+    return _noise_at(s[..., None], t[..., None], torch.arange(vocab_size, device=keys.device, dtype=torch.long))
 
 
 @triton.jit
@@ -165,6 +168,29 @@ def race_winners(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tenso
     return out
 
 
+def _support_noise(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor):
+    """(index tuple of the entries with p > 0, their E): the race's noise where it can matter,
+    the same bits as `race_noise` there. On a CPU a filtered row's support is a few hundred of
+    its V tokens, and hashing all V of every position was most of a seeded step's sampling."""
+    b, n, v = (probs > 0).nonzero(as_tuple=True)
+    s, t = _position_states(keys, positions)
+    return (b, n, v), _noise_at(s[b, n], t[b, n], v)
+
+
+def race_winners_on_support(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """`race_winners` (the same tokens) from the noise of the tokens with p > 0 only: a token
+    with p = 0 scores 0 and never beats one with p > 0, and among equal scores the smallest
+    index wins, as argmax picks. A position with no positive p gets token 0, as argmax does."""
+    B, N, V = probs.shape
+    (b, n, v), e = _support_noise(probs, keys, positions)
+    score = probs[b, n, v].float() / e
+    flat = b * N + n
+    best = torch.full((B * N,), -1.0, device=probs.device).scatter_reduce(0, flat, score, "amax")
+    first = torch.full((B * N,), V, dtype=torch.long, device=probs.device)
+    first = first.scatter_reduce(0, flat, torch.where(score == best[flat], v, V), "amin")
+    return torch.where(first == V, 0, first).view(B, N)
+
+
 def pin_seeded_rows(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor,
                     kernel: bool | None = None) -> torch.Tensor:
     """`probs [B, N, V]` (filtered target or drafter distributions) with each seeded row (key ≠ 0)
@@ -178,7 +204,7 @@ def pin_seeded_rows(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Te
         return probs
     rows = (keys != 0).nonzero()[:, 0]          # the torch path runs on the CPU: no graph to keep
     if rows.numel():
-        winners = race_winners(probs[rows], keys[rows], positions[rows])
+        winners = race_winners_on_support(probs[rows], keys[rows], positions[rows])
         probs[rows] = torch.zeros_like(probs[rows]).scatter_(-1, winners[..., None], 1.0)
     return probs
 
@@ -193,10 +219,13 @@ def race_scores(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor
     if use_kernel(probs, kernel):
         _launch(probs, out, keys, positions, scores=True)
         return out
-    for r in (keys != 0).nonzero()[:, 0].tolist():
-        out[r] -= torch.log(race_noise(keys[r:r + 1], positions[r:r + 1], probs.shape[-1]))[0]
+    rows = (keys != 0).nonzero()[:, 0]
+    if rows.numel():        # (−inf where p = 0 whatever the noise: only the support's is hashed)
+        (b, n, v), e = _support_noise(probs[rows], keys[rows], positions[rows])
+        out[rows[b], n, v] -= torch.log(e)
     return out
 
 
-__all__ = ["race_key", "races", "race_key_of", "race_noise", "race_winners", "pin_seeded_rows", "race_scores",
+__all__ = ["race_key", "races", "race_key_of", "race_noise", "race_winners", "race_winners_on_support", "pin_seeded_rows",
+           "race_scores",
            "use_kernel"]

@@ -7,7 +7,8 @@ import torch
 from scipy import stats
 
 import blockspec.seeded_sampling as race
-from blockspec.seeded_sampling import pin_seeded_rows, race_key, race_noise, race_scores, race_winners
+from blockspec.seeded_sampling import (pin_seeded_rows, race_key, race_noise, race_scores, race_winners,
+                                      race_winners_on_support)
 from test_lossless import ALPHA, exact_law_llm, law_fit
 from test_lossless import drafter, laws  # noqa: F401  (fixtures)
 
@@ -43,6 +44,29 @@ def test_kernel_equals_the_torch_reference(dtype, V):
     assert torch.allclose(s_ker[finite], s_ref[finite], atol=1e-4)
     # The scores rank a seeded row's tokens in race order: the first is the winner.
     assert torch.equal(s_ref[[0, 2, 3]].argmax(-1), race_winners(probs, keys, positions)[[0, 2, 3]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_winners_from_the_support_equal_the_full_race(dtype):
+    """The CPU's race hashes only tokens with p > 0: the same winners as the whole vocabulary's
+    race, over full and filtered supports, one token, and a position with no mass (token 0)."""
+    B, N, V = 6, 4, 500
+    probs = _probs(B, N, V, dtype, seed=4)
+    probs[1, :, 40:] = 0.0
+    probs[2, 1] = 0.0
+    probs[2, 1, 321] = 1.0
+    probs[3, 2] = 0.0
+    keys = torch.tensor([race_key(i) for i in range(1, B + 1)])
+    positions = torch.arange(N)[None, :] + 17 * torch.arange(B)[:, None]
+    expected = race_winners(probs, keys, positions)
+    assert torch.equal(race_winners_on_support(probs, keys, positions), expected)
+    assert expected[2, 1] == 321 and expected[3, 2] == 0
+    # The pin (torch path) and the scores' order use the support alone too.
+    pinned = pin_seeded_rows(probs.clone(), keys, positions, kernel=False)
+    assert torch.equal(pinned.argmax(-1), expected) and torch.equal(pinned.sum(-1), torch.ones(B, N, dtype=dtype))
+    scores = race_scores(probs, keys, positions, kernel=False)
+    full = torch.log(probs.float()) - torch.log(race_noise(keys, positions, V))
+    assert torch.equal(scores, full)
 
 
 def test_the_top_hash_value_gives_finite_noise():

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Device calls prepared in the session of 2026-12-08 (fourteenth) for the next one. ≤ 9.5 min each.
+# PART=1: the paged kernel's tree masks as packed bits on CUDA first (its tests, then mask_cost:
+#   causal against tree masks at contexts 0 / 256 / 1,024, was 0.068 / 0.114, 0.095 / 0.103,
+#   0.105 / 0.157 ms in gpu_session_r), the DDTree engine's graphs against the chain engine's
+#   (bench/graph_split.py --ddtree: gpu_session_q had a tree step 1.58–1.90× a chain's, paged
+#   attention 259 against 70 µs of it); on an H200 the Kimi slice (issue 14); then the thirteenth
+#   session's plan (bench/gpu_session_t.sh PART=3: the policy's host time with speculative quiet
+#   stretches, compare-static T = 0).
+# PART=2 (≤ 8 min): static DDTree-15 against static DFlash block 16 (`bench offline`, batch 1 and 16,
+#   T = 0 / 0.6 / 1 unseeded): whether trees, sampled ones at T > 0, now pay where chains do
+#   (issue 16's default-server target waits on it).
+# Usage on the device machine, from the repo root:  PART=1 bash bench/gpu_session_u.sh
+set -uo pipefail
+source bench/device_prelude.sh
+if [ "${PART:-1}" = 1 ]; then
+  run_tests 90 tests/attention/test_triton_paged.py tests/attention/test_engine_triton.py tests/test_sampling_filters.py
+  timeout $(cap 60) python3 -c "import json; from bench.attn_calls import mask_cost; print(json.dumps(mask_cost()))" \
+      2>&1 | tail -1 | tee "$OUT/mask_cost.json"
+  timeout $(cap 120) python3 bench/graph_split.py --batches 1,16 --ddtree --output "$OUT/graph_split.json" \
+      2>&1 | grep -v -i warn | tail -12
+  kimi_slice_on_h200
+  DEADLINE=$(( DEADLINE - SECONDS )) PART=3 bash bench/gpu_session_t.sh
+else
+  for T in 0 0.6 1; do
+    for SPEC in "dflash" "ddtree --budget 15"; do
+      for B in 1 16; do
+        [ "$(left)" -lt 40 ] && break
+        timeout $(cap 40) python3 -m blockspec.cli bench offline --model blockspec/bundled/target \
+            --draft-model blockspec/bundled/drafter --device cuda --dtype bfloat16 --dataset sharegpt --num-prompts 32 \
+            --max-tokens 128 --temperature $T --unseeded --batch-size $B --spec $SPEC --spec-policy static --no-progress \
+            --output "$OUT/offline_T${T}_b${B}_${SPEC%% *}.json" 2>&1 | grep -v -i "warn\|token indices" | tail -2
+      done
+    done
+  done
+fi
+echo "script seconds: $SECONDS"

@@ -66,6 +66,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, model_required: boo
     g.add_argument("--spec-verify", default=_engine_default("spec_verify"), choices=SPEC_VERIFY_RULES,
                    help="rejection: drafts sampled from the drafter's q, rejection-sampled (dflash chains; "
                         "ddtree: sampled children, recursive rejection sampling; greedy rows keep the walk)")
+    g.add_argument("--sampled-trees", action="store_true", default=None,
+                   help="dflash: sampled requests draft a tree of the block's node count whose children are draws "
+                        "from the drafter's q (recursive rejection sampling; seeded ones ranked by their race); "
+                        "greedy requests keep the argmax chain")
     g.add_argument("--spec-policy", default=_engine_default("spec_policy"), choices=SPEC_POLICIES,
                    help="adaptive: each step picks plain, a shorter chain or a smaller tree from measured step "
                         "cost and acceptance; static: always the full block / budget (docs/adaptive.md)")

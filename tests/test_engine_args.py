@@ -31,6 +31,7 @@ EVERY_FLAG = {
     "--budget": ("32", "tree_budget", 32),
     "--topk": ("4", "tree_topk", 4),
     "--spec-verify": ("rejection", "spec_verify", "rejection"),
+    "--sampled-trees": (None, "sampled_trees", True),
     "--spec-policy": ("static", "spec_policy", "static"),
     "--max-running-requests": ("8", "max_running_requests", 8),
     "--kv-cache-tokens": ("4096", "kv_cache_tokens", 4096),

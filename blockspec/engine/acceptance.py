@@ -258,13 +258,17 @@ class AcceptanceModel:
         else:
             self._observe_table(rows, idx, path_nodes, ran_width)
 
+    def in_stretch(self, request_ids: list[str]) -> bool:
+        """Whether a plain stretch of exactly these requests is running."""
+        stretch = self._stretch
+        return stretch is not None and stretch.ids == request_ids
+
     def extend_stretch(self, request_ids: list[str]) -> bool:
         """`observe_step` of a plain step of the current stretch's batch (what it would do there,
         without its checks); False when there is no stretch of exactly these requests."""
-        stretch = self._stretch
-        if stretch is None or stretch.ids != request_ids:
+        if not self.in_stretch(request_ids):
             return False
-        stretch.steps += 1
+        self._stretch.steps += 1
         return True
 
     def _begin_stretch(self, request_ids: list[str], rows: list[int], idx: np.ndarray) -> None:

@@ -23,6 +23,8 @@ class EngineConfig:
     spec_verify: str = "auto"          # "target-only", "rejection" (drafts sampled from q), or the best the
                                        # proposer allows (`resolve_verify_rule`)
     tree_budget: int | None = None
+    sampled_trees: bool = False        # dflash: sampled requests draft trees whose children are draws from q
+                                       # (greedy ones keep the chain; docs/verification.md)
     spec_policy: str = "adaptive"      # or "static": always the method's full block / budget (docs/adaptive.md)
     tree_topk: int | None = None
     max_running_requests: int = 64
@@ -49,6 +51,12 @@ class EngineConfig:
             raise ValueError(f"spec_policy must be one of {', '.join(SPEC_POLICIES)}, got {self.spec_policy!r}")
         if self.spec_verify not in SPEC_VERIFY_RULES:
             raise ValueError(f"spec_verify must be one of {', '.join(SPEC_VERIFY_RULES)}, got {self.spec_verify!r}")
+        if self.sampled_trees and self.spec != "dflash":
+            raise ValueError(f"sampled_trees applies to spec 'dflash', got spec {self.spec!r} (ddtree samples its "
+                             "trees' children already under spec_verify 'rejection' or 'auto')")
+        if self.sampled_trees and self.spec_verify == "target-only":
+            raise ValueError("sampled_trees needs spec_verify 'rejection' or 'auto': children drawn from q are "
+                             "verified by recursive rejection sampling, not target-only")
         for name in ("max_running_requests", "page_size", "max_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")

@@ -118,7 +118,8 @@ class Engine:
         # only (engine/spec_policy.py; static: always the full width).
         from blockspec.engine.cuda_graphs import batch_buckets
         self.policy = SpecPolicy(config.spec_policy, self.spec_step.full_width, self.proposer.builds_trees,
-                                 batch_buckets(config.max_running_requests)) if self.proposer else None
+                                 batch_buckets(config.max_running_requests),
+                                 greedy_chains=self.proposer.greedy_chains) if self.proposer else None
         if self.policy:
             self.policy.context_pending = self.proposer.context_pending
         # Per-position transforms of the target's logits (docs/logits_processing.md); a step runs
@@ -345,12 +346,14 @@ class Engine:
         outputs = []
         logprobs = step.logprobs or [None] * len(seqs)
         name = self.policy.name(width) if self.proposer else None
+        chain_name = self.policy.name(width, greedy=True) if self.proposer else None
         for s, committed, accepted, drafted, lps in zip(seqs, step.committed, step.accepted, step.drafted, logprobs):
             self.scheduler.commit_decode(s, accepted + 1)   # the root and the accepted drafts are cached
             out = self._commit(self._requests[s.request_id], committed, lps)
             if name is not None:
                 # Committed = what was kept: a stop or max_tokens may cut the block short.
-                s.metrics.record_step(drafted, accepted, len(out.new_token_ids), name)
+                s.metrics.record_step(drafted, accepted, len(out.new_token_ids),
+                                      chain_name if s.params.greedy else name)
             outputs.append(out)
         return outputs
 

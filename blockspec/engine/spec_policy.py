@@ -92,6 +92,7 @@ from operator import attrgetter
 
 from blockspec.engine.acceptance import AcceptanceModel, ema, temperature_class
 from blockspec.engine.chain_acceptance import ChainAcceptance
+from blockspec.engine.split_acceptance import SplitAcceptance
 from blockspec.engine.cold_bucket import ColdBuckets
 from blockspec.engine.config import SPEC_POLICIES
 from blockspec.engine.sequence import Status
@@ -146,7 +147,10 @@ class SpecPolicy:
     """Chooses each decode step's width and learns from the steps run (one per engine)."""
 
     def __init__(self, mode: str, full_width: int, builds_trees: bool, buckets: list[int],
-                 probe_interval: int = 8, max_probe_interval: int = 16, retime_interval: int = 64):
+                 probe_interval: int = 8, max_probe_interval: int = 16, retime_interval: int = 64,
+                 greedy_chains: bool = False):
+        """`greedy_chains`: greedy rows draft chains and sampled rows trees (DFlash with
+        `sampled_trees`): each row's acceptance from its shape's model (`SplitAcceptance`)."""
         if mode not in SPEC_POLICIES:
             raise ValueError(f"spec_policy must be one of {', '.join(SPEC_POLICIES)}, got {mode!r}")
         self.mode, self.full_width, self.builds_trees = mode, full_width, builds_trees
@@ -157,7 +161,9 @@ class SpecPolicy:
         self.cost = StepCostModel(buckets, sorted(set(self.widths) | {1}), discard=0, min_samples=2)
         # Chains: per-position rates, which every step teaches (engine/chain_acceptance.py); trees:
         # per-width figures, observed up to the width run.
-        self.acceptance = AcceptanceModel(self.widths) if builds_trees else ChainAcceptance(self.widths)
+        self.greedy_chains = greedy_chains
+        self.acceptance = (SplitAcceptance(self.widths) if greedy_chains
+                           else AcceptanceModel(self.widths) if builds_trees else ChainAcceptance(self.widths))
         self.cold = ColdBuckets(self.cost, self.widths, full_width)
         self.min_probe, self.max_probe = probe_interval, max_probe_interval
         self.probe_interval, self._since_probe, self._before_probe = probe_interval, 0, None
@@ -191,8 +197,9 @@ class SpecPolicy:
         self._quiet: tuple[list[str], int, float, float, int] | None = None
         self.spec_quiet_steps = SPEC_QUIET_STEPS
 
-    def name(self, width: int) -> str:
-        return config_name(width, self.builds_trees)
+    def name(self, width: int, greedy: bool = False) -> str:
+        """`width`'s configuration name for a row (or, `greedy`, a batch of greedy rows only)."""
+        return config_name(width, self.builds_trees and not (greedy and self.greedy_chains))
 
     def choose(self, seqs) -> int:
         """This step's width, from the past only."""
@@ -404,7 +411,10 @@ class SpecPolicy:
                  and self.acceptance.extend_stretch(list(map(_request_id, seqs))))
         key = (self.cost.bucket_for(len(seqs)), width)
         previous, self._last = self._last, (now, key)
-        name = self._names.get(width) or self._names.setdefault(width, self.name(width))
+        if self.greedy_chains:       # (the batch's shape: chains only when every row is greedy)
+            name = self.name(width, all(s.params.greedy for s in seqs))
+        else:
+            name = self._names.get(width) or self._names.setdefault(width, self.name(width))
         self.choices[name] += 1
         if self.mode == "static":
             return

@@ -27,7 +27,8 @@ from blockspec.seeded_sampling import pin_seeded_rows
 from blockspec.speculative.kernel_probe import kernel_mismatch
 from blockspec.speculative.ngram import propose_ngram_batch
 from blockspec.speculative.ring_kernel import append_rows, append_rows_triton
-from blockspec.speculative.sampled_tree import fill_with_samples, race_ranked_scores, sample_children, shape_scores
+from blockspec.speculative.sampled_tree import (SHAPE_FLOOR, fill_with_samples, race_ranked_scores, sample_children,
+                                                shape_scores)
 from blockspec.speculative.tree import DraftTree, build_tree, chain_tree
 
 log = logging.getLogger("blockspec.proposers")
@@ -47,6 +48,7 @@ class Proposer:
     max_depth = 0
     max_nodes = 0
     builds_trees = True      # False only when every tree is a chain (verify needs no compaction)
+    greedy_chains = False    # True when greedy rows always draft chains and sampled rows trees (`sampled_trees`)
     drafts_on_device = False  # True when propose() is device work only (capturable in a CUDA graph)
 
     def load(self, target, num_pages: int, page_size: int, backend: AttentionBackend) -> None:
@@ -199,11 +201,17 @@ class DFlashProposer(Proposer):
     """Linear DFlash (a chain of argmax drafts) or DDTree (a best-first tree) from one drafter pass."""
 
     def __init__(self, config, block_size: int | None, tree_budget: int | None = None,
-                 tree_topk: int | None = None, sample_drafts: bool = False, draft_dir: str | None = None):
+                 tree_topk: int | None = None, sample_drafts: bool = False, draft_dir: str | None = None,
+                 sampled_trees: bool = False):
         """`config`: the drafter's `DFlashConfig` (sizes are fixed here, weights come later:
         from `draft_dir` in `load`, or an in-memory drafter through `attach`).
         `sample_drafts`: draw drafts from the filtered drafter distribution q: a chain of draws,
-        or (DDTree) the tree's children as draws without replacement (`sampled_tree`)."""
+        or (DDTree) the tree's children as draws without replacement (`sampled_tree`).
+        `sampled_trees` (linear DFlash with `sample_drafts`): sampled rows draft such a tree of
+        the block's node count instead of a chain of draws, and greedy rows keep the argmax
+        chain (`greedy_chains`): a sampled row's drafts accept Σ min(p, q) a position as a chain,
+        and its sibling draws raise that further (issue 16: 1.71 against 2.04 at T = 1 on the
+        bundled pair, tree 16), while a greedy row's chain costs what DFlash's does."""
         self.sample_drafts = sample_drafts
         self.draft_dir = draft_dir
         self.config = config
@@ -213,10 +221,13 @@ class DFlashProposer(Proposer):
             raise ValueError(f"block_size must be between 2 and the drafter's trained block size {trained}, "
                              f"got {self.block_size}")
         self.max_depth = self.block_size - 1
+        if sampled_trees and (tree_budget is not None or not sample_drafts):
+            raise ValueError("sampled_trees is for linear DFlash with sampled drafts (no tree_budget, sample_drafts)")
         self.tree_budget = tree_budget
         self.tree_topk = tree_topk
         self.max_nodes = tree_budget if tree_budget is not None else self.max_depth
-        self.builds_trees = tree_budget is not None
+        self.greedy_chains = sampled_trees
+        self.builds_trees = tree_budget is not None or sampled_trees
         self.drafts_on_device = True
         self.build_tree = build_tree     # DDTree's search; on CUDA the same search as a kernel (attach)
         self.sample_children = sample_children   # a sampled tree's draws; on CUDA a kernel too (attach)
@@ -240,7 +251,7 @@ class DFlashProposer(Proposer):
             # when the target uses any (so --disable-fused-ops reaches it), each checked exact.
             from blockspec.models.fast_path import prepare_drafter_for_cuda
             prepare_drafter_for_cuda(drafter, fused_ops=any(getattr(m, "fused", False) for m in target.modules()))
-        if weight.device.type == "cuda" and self.tree_budget is not None:
+        if weight.device.type == "cuda" and self.builds_trees:
             self._use_tree_kernel(weight.device)
         self.cache = drafter.config.cache_spec.allocate(num_pages, page_size, weight.dtype, weight.device)
         self.deferred = DeferredContext(lambda f, p, s: drafter.write_context(f, p, s, self.cache),
@@ -291,8 +302,10 @@ class DFlashProposer(Proposer):
         may round its last bit differently); any drafts verify exactly, so that is no matter."""
         S, B = self.block_size, inputs.batch_size
         depth = self.max_depth if width is None else max(1, min(self.max_depth, width - 1))
-        budget = None if self.tree_budget is None else (
-            self.tree_budget if width is None else max(1, min(self.tree_budget, width - 1)))
+        budget = None if not self.builds_trees else (
+            self.max_nodes if width is None else max(1, min(self.max_nodes, width - 1)))
+        if self.greedy_chains and inputs.all_greedy:
+            budget = None           # every row's draft is its argmax chain: DFlash's step, as captured
         block = torch.full((B, S), self.mask_token_id, dtype=torch.long, device=inputs.device)
         block[:, 0] = inputs.roots
         batch = inputs.attention_batch(S, torch.full((B,), S, device=inputs.device), "full")
@@ -329,6 +342,13 @@ class DFlashProposer(Proposer):
         q = tempered_probs(logits, inputs.sampling)
         walked = inputs.walked_rows
         scores = shape_scores(logits, q, ~walked)
+        if self.greedy_chains:
+            # Greedy rows draft the argmax chain: its tokens score 0 a depth, every other token the
+            # floor, so the best-first search takes the whole chain first (its budget is the
+            # chain's length) and the greedy walk accepts what DFlash's chain would.
+            argmax = logits.argmax(-1, keepdim=True)
+            chain = torch.full_like(scores, SHAPE_FLOOR).scatter_(-1, argmax, 0.0)
+            scores = torch.where(inputs.sampling.greedy[:, None, None], chain, scores)
         if inputs.race_keys is not None:
             raced = filtered_probs(logits, inputs.sampling)
             scores = race_ranked_scores(scores, raced, inputs.race_keys,
@@ -378,7 +398,7 @@ def build_proposer(config, target_config):
         drafter_config = read_drafter_config(config.draft_model, target_config)
         if config.spec == "dflash":
             return DFlashProposer(drafter_config, config.block_size, sample_drafts=config.spec_verify != "target-only",
-                                  draft_dir=config.draft_model)
+                                  draft_dir=config.draft_model, sampled_trees=config.sampled_trees)
         return DFlashProposer(drafter_config, config.block_size, config.tree_budget or 16, config.tree_topk,
                               sample_drafts=config.spec_verify != "target-only", draft_dir=config.draft_model)
     raise ValueError(f"unknown spec {config.spec!r}")

@@ -61,6 +61,8 @@ def main(argv=None) -> int:
                     help="rejection: drafts sampled from the drafter's q, rejection sampling (dflash chains, "
                          "ddtree trees)")
     ap.add_argument("--budget", type=int, default=None, help="DDTree node budget (default 16)")
+    ap.add_argument("--sampled-trees", action="store_true",
+                    help="dflash: sampled rows draft trees of the block's node count, children drawn from q")
     ap.add_argument("--top-p", type=float, default=1.0, help="top_p of the sampled requests")
     ap.add_argument("--seeded", action="store_true",
                     help="seed every request: sampled rows then take the exponential race, not --spec-verify")
@@ -96,7 +98,8 @@ def main(argv=None) -> int:
             # Static widths: this measures the drafter at its configured block or budget.
             llm = LLM(model=args.target, draft_model=path, spec=args.spec, block_size=args.block_size, spec_policy="static",
                       device=args.device, dtype=args.dtype, max_running_requests=args.batch,
-                      spec_verify=args.spec_verify, budget=args.budget, cuda_graph=not args.eager)
+                      spec_verify=args.spec_verify, budget=args.budget, cuda_graph=not args.eager,
+                      sampled_trees=args.sampled_trees)
         except (ValueError, FileNotFoundError) as e:
             ap.exit(2, f"acceptance: error: {e}\n")
         prompt_sets = prompt_sets or load_prompt_sets(llm.tokenizer, args.num_prompts, datasets)
@@ -115,7 +118,7 @@ def main(argv=None) -> int:
 
 def write_results(args, argv, records: list[dict]) -> None:
     out = {"command": "python -m blockspec.bench.acceptance " + " ".join(argv or sys.argv[1:]),
-           "target": args.target, "spec": args.spec, "spec_verify": args.spec_verify,
+           "target": args.target, "spec": args.spec, "spec_verify": args.spec_verify, "sampled_trees": args.sampled_trees,
            "block_size": args.block_size, "budget": args.budget, "top_p": args.top_p, "seeded": args.seeded,
            "max_tokens": args.max_tokens,
            "device": args.device, "dtype": args.dtype, "records": records}

@@ -7,14 +7,16 @@
 #   attention 259 against 70 µs of it); on an H200 the Kimi slice (issue 14); then the thirteenth
 #   session's plan (bench/gpu_session_t.sh PART=3: the policy's host time with speculative quiet
 #   stretches, compare-static T = 0).
-# PART=2 (≤ 8 min): static DDTree-15 against static DFlash block 16 (`bench offline`, batch 1 and 16,
-#   T = 0 / 0.6 / 1 unseeded): whether trees, sampled ones at T > 0, now pay where chains do
-#   (issue 16's default-server target waits on it).
+# PART=2 (≤ 9 min): static DFlash block 16, DFlash with --sampled-trees (chains for greedy rows, sampled
+#   trees for sampled ones) and DDTree-15 (`bench offline`, batch 1 and 16, T = 0 / 0.6 / 1 unseeded):
+#   whether sampled trees pay on the GPU where chains do (issue 16's default-server target waits on it:
+#   on the CPU --sampled-trees accepts 3.22 / 2.00 against the chain's 2.54 / 1.67 at T = 0.6 / 1).
 # Usage on the device machine, from the repo root:  PART=1 bash bench/gpu_session_u.sh
 set -uo pipefail
 source bench/device_prelude.sh
 if [ "${PART:-1}" = 1 ]; then
-  run_tests 90 tests/attention/test_triton_paged.py tests/attention/test_engine_triton.py tests/test_sampling_filters.py
+  run_tests 100 tests/attention/test_triton_paged.py tests/attention/test_engine_triton.py \
+      tests/engine/test_cuda_graphs.py -k "paged or engine_triton or sampled_trees or graphed_steps_equal_eager"
   timeout $(cap 60) python3 -c "import json; from bench.attn_calls import mask_cost; print(json.dumps(mask_cost()))" \
       2>&1 | tail -1 | tee "$OUT/mask_cost.json"
   timeout $(cap 120) python3 bench/graph_split.py --batches 1,16 --ddtree --output "$OUT/graph_split.json" \
@@ -23,13 +25,13 @@ if [ "${PART:-1}" = 1 ]; then
   DEADLINE=$(( DEADLINE - SECONDS )) PART=3 bash bench/gpu_session_t.sh
 else
   for T in 0 0.6 1; do
-    for SPEC in "dflash" "ddtree --budget 15"; do
+    for SPEC in "dflash" "dflash --sampled-trees" "ddtree --budget 15"; do
       for B in 1 16; do
         [ "$(left)" -lt 40 ] && break
         timeout $(cap 40) python3 -m blockspec.cli bench offline --model blockspec/bundled/target \
             --draft-model blockspec/bundled/drafter --device cuda --dtype bfloat16 --dataset sharegpt --num-prompts 32 \
             --max-tokens 128 --temperature $T --unseeded --batch-size $B --spec $SPEC --spec-policy static --no-progress \
-            --output "$OUT/offline_T${T}_b${B}_${SPEC%% *}.json" 2>&1 | grep -v -i "warn\|token indices" | tail -2
+            --output "$OUT/offline_T${T}_b${B}_$(echo $SPEC | tr -d ' -').json" 2>&1 | grep -v -i "warn\|token indices" | tail -2
       done
     done
   done

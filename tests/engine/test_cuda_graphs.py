@@ -46,6 +46,15 @@ def test_graphed_steps_equal_eager(qwen3_dir, drafter, spec, backend, caplog):
     assert any("exceeds the largest CUDA graph" in r.message for r in caplog.records)  # 7 > 4: eager, logged
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sampled_trees_graphed_steps_equal_eager(qwen3_dir, drafter, backend, caplog):
+    """DFlash with sampled trees: all-greedy batches replay the chain step's graph, batches with
+    sampled rows the tree step's (greedy rows chains, sampled ones trees), equal to eager."""
+    eager, graphed, used = graphed_run(qwen3_dir, drafter, "dflash", 4, caplog, backend, sampled_trees=True)
+    assert graphed == eager
+    assert {u[2] for u in used} == {"greedy", "filtered"}
+
+
 @pytest.mark.parametrize("spec", ["none", "dflash"])
 def test_unfiltered_sampled_batches_replay_their_own_graphs(qwen3_dir, drafter, spec, caplog):
     """A sampled batch that no row filters (T > 0, top_p 1, no top_k or min_p) replays the graphs

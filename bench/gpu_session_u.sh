@@ -29,7 +29,7 @@ else
       for B in 1 16; do
         [ "$(left)" -lt 40 ] && break
         timeout $(cap 40) python3 -m blockspec.cli bench offline --model blockspec/bundled/target \
-            --draft-model blockspec/bundled/drafter --device cuda --dtype bfloat16 --dataset sharegpt --num-prompts 32 \
+            --draft-model blockspec/bundled/drafter --device cuda --dtype bfloat16 --dataset sharegpt --num-prompts 16 \
             --max-tokens 128 --temperature $T --unseeded --batch-size $B --spec $SPEC --spec-policy static --no-progress \
             --output "$OUT/offline_T${T}_b${B}_$(echo $SPEC | tr -d ' -').json" 2>&1 | grep -v -i "warn\|token indices" | tail -2
       done

@@ -92,10 +92,10 @@ from operator import attrgetter
 
 from blockspec.engine.acceptance import AcceptanceModel, ema, temperature_class
 from blockspec.engine.chain_acceptance import ChainAcceptance
-from blockspec.engine.split_acceptance import SplitAcceptance
 from blockspec.engine.cold_bucket import ColdBuckets
 from blockspec.engine.config import SPEC_POLICIES
 from blockspec.engine.sequence import Status
+from blockspec.engine.split_acceptance import SplitAcceptance
 from blockspec.engine.step_cost import StepCostModel, best_width, monotone_costs, robust_seconds
 from blockspec.sampling import sampling_variant
 

@@ -210,8 +210,10 @@ class DFlashProposer(Proposer):
         `sampled_trees` (linear DFlash with `sample_drafts`): sampled rows draft such a tree of
         the block's node count instead of a chain of draws, and greedy rows keep the argmax
         chain (`greedy_chains`): a sampled row's drafts accept Σ min(p, q) a position as a chain,
-        and its sibling draws raise that further (issue 16: 1.71 against 2.04 at T = 1 on the
-        bundled pair, tree 16), while a greedy row's chain costs what DFlash's does."""
+        and its sibling draws raise that further (at T = 1 on the bundled pair 1.67 against 2.00
+        tokens a step: bench/results/sampled_trees_dflash_cpu/), while a greedy row's chain costs
+        what DFlash's does. (A greedy row beside sampled ones drafts its plain argmax chain: a
+        grammar's guided chain is for all-greedy batches; its cutter still trims the tree.)"""
         self.sample_drafts = sample_drafts
         self.draft_dir = draft_dir
         self.config = config

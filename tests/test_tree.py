@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from blockspec.speculative.tree import (PAD_PARENT, ROOT_PARENT, accepted_kv_indices, build_tree, chain_tree,
-                                        tree_attention_mask, tree_positions)
+                                        tree_attention_mask, tree_positions, with_rows)
 
 
 def random_logprobs(batch: int, depth: int, vocab: int, seed: int) -> torch.Tensor:
@@ -259,3 +259,18 @@ def test_build_tree_knows_whether_every_row_is_a_chain():
     assert build_tree(confident, 4).is_chain
     tree = build_tree(mixed, 4)
     assert not tree.is_chain and tree.max_depth == 4        # the chain row reaches width − 1
+
+
+def test_with_rows_mixes_rows_of_two_trees():
+    """Rows where the mask is True come from the other tree, whole; the depth bound covers both;
+    trees of another width are refused."""
+    logp = torch.log_softmax(torch.arange(2 * 3 * 6, dtype=torch.float32).reshape(2, 3, 6).sin() * 3, -1)
+    bushy = build_tree(logp, 3, None, torch.tensor([1, 2]))
+    chain = chain_tree(torch.tensor([[4, 5, 0], [1, 2, 3]]), torch.tensor([1, 2]))
+    mixed = with_rows(bushy, chain, torch.tensor([False, True]))
+    for field in ("tokens", "parents", "depths", "num_nodes", "logprob"):
+        assert torch.equal(getattr(mixed, field)[0], getattr(bushy, field)[0])
+        assert torch.equal(getattr(mixed, field)[1], getattr(chain, field)[1])
+    assert mixed.max_depth == 3 and not mixed.is_chain
+    with pytest.raises(ValueError, match="cannot mix rows"):
+        with_rows(bushy, chain_tree(torch.zeros(2, 2, dtype=torch.long), torch.tensor([1, 2])), torch.tensor([True, True]))

@@ -27,9 +27,8 @@ from blockspec.seeded_sampling import pin_seeded_rows
 from blockspec.speculative.kernel_probe import kernel_mismatch
 from blockspec.speculative.ngram import propose_ngram_batch
 from blockspec.speculative.ring_kernel import append_rows, append_rows_triton
-from blockspec.speculative.sampled_tree import (SHAPE_FLOOR, fill_with_samples, race_ranked_scores, sample_children,
-                                                shape_scores)
-from blockspec.speculative.tree import DraftTree, build_tree, chain_tree
+from blockspec.speculative.sampled_tree import fill_with_samples, race_ranked_scores, sample_children, shape_scores
+from blockspec.speculative.tree import DraftTree, build_tree, chain_tree, with_rows
 
 log = logging.getLogger("blockspec.proposers")
 
@@ -344,20 +343,19 @@ class DFlashProposer(Proposer):
         q = tempered_probs(logits, inputs.sampling)
         walked = inputs.walked_rows
         scores = shape_scores(logits, q, ~walked)
-        if self.greedy_chains:
-            # Greedy rows draft the argmax chain: its tokens score 0 a depth, every other token the
-            # floor, so the best-first search takes the whole chain first (its budget is the
-            # chain's length) and the greedy walk accepts what DFlash's chain would.
-            argmax = logits.argmax(-1, keepdim=True)
-            chain = torch.full_like(scores, SHAPE_FLOOR).scatter_(-1, argmax, 0.0)
-            scores = torch.where(inputs.sampling.greedy[:, None, None], chain, scores)
         if inputs.race_keys is not None:
             raced = filtered_probs(logits, inputs.sampling)
             scores = race_ranked_scores(scores, raced, inputs.race_keys,
                                         self._draft_positions(inputs)[:, :logits.shape[1]])
         tree = self.build_tree(scores, budget, self.tree_topk, inputs.roots)
         # Node i draws with uniform i − 1 whatever the budget: a smaller tree's draws are the full one's.
-        return fill_with_samples(tree, q, inputs.uniforms[:, :budget], ~walked, self.sample_children), q
+        tree = fill_with_samples(tree, q, inputs.uniforms[:, :budget], ~walked, self.sample_children)
+        if self.greedy_chains:
+            # Greedy rows draft the argmax chain (as long as the tree's budget: the logits hold
+            # that many depths), so the greedy walk accepts what DFlash's chain would; the rows
+            # are swapped in the [B, W] tree, not steered through the [B, L, V] scores.
+            tree = with_rows(tree, chain_tree(logits.argmax(-1), inputs.roots), inputs.sampling.greedy)
+        return tree, q
 
     @torch.inference_mode()
     def on_verify(self, inputs: StepInputs, accept_len: torch.Tensor, path_features: torch.Tensor) -> None:

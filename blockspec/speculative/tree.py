@@ -205,6 +205,17 @@ def tree_positions(depths: torch.Tensor, prefix_len: torch.Tensor) -> torch.Tens
     return prefix_len[:, None].to(depths.dtype) + depths
 
 
+def with_rows(tree: DraftTree, other: DraftTree, rows: torch.Tensor) -> DraftTree:
+    """`tree` with the rows where `rows [B]` is True taken from `other` (same shape). Its
+    `max_depth` bounds both; it is a chain only where both are."""
+    if other.tokens.shape != tree.tokens.shape:
+        raise ValueError(f"trees of shapes {tuple(tree.tokens.shape)} and {tuple(other.tokens.shape)} cannot mix rows")
+    pick = lambda a, b: torch.where(rows.view(-1, *[1] * (a.dim() - 1)), b, a)  # noqa: E731
+    return DraftTree(pick(tree.tokens, other.tokens), pick(tree.parents, other.parents), pick(tree.depths, other.depths),
+                     pick(tree.num_nodes, other.num_nodes), pick(tree.logprob, other.logprob),
+                     max(tree.max_depth, other.max_depth), tree.is_chain and other.is_chain)
+
+
 def chain_tree(draft_tokens: torch.Tensor, root_tokens: torch.Tensor,
                num_drafts: torch.Tensor | None = None) -> DraftTree:
     """A linear chain root → d1 → … → dK as a tree (linear DFlash through the tree path).

@@ -65,12 +65,14 @@ def test_unfiltered_sampled_batches_replay_their_own_graphs(qwen3_dir, drafter, 
     assert {v for _, _, v in used} == {"greedy", "sampled"} and SAMPLING_VARIANTS == ("greedy", "sampled", "filtered")
 
 
-@pytest.mark.parametrize("spec", ["ngram", "dflash", "ddtree"])
-def test_adaptive_width_graphs_equal_eager(qwen3_dir, drafter, spec, caplog, monkeypatch):
+@pytest.mark.parametrize("spec, sampled_trees", [("ngram", False), ("dflash", False), ("ddtree", False),
+                                                 ("dflash", True)])
+def test_adaptive_width_graphs_equal_eager(qwen3_dir, drafter, spec, sampled_trees, caplog, monkeypatch):
     """Graphs captured per verify width (the adaptive policy's widths) replay exactly what the
     eager step computes at that width, across widths changing every step."""
     cycling_widths(monkeypatch)
-    eager, graphed, used = graphed_run(qwen3_dir, drafter, spec, 4, caplog, spec_policy="adaptive")
+    extra = {"sampled_trees": True} if sampled_trees else {}
+    eager, graphed, used = graphed_run(qwen3_dir, drafter, spec, 4, caplog, spec_policy="adaptive", **extra)
     assert graphed == eager
     assert {w for *_, w in used} == {1, 2, 4, {"ngram": 8, "dflash": 5, "ddtree": 7}[spec]}
 

@@ -16,7 +16,8 @@ set -uo pipefail
 source bench/device_prelude.sh
 if [ "${PART:-1}" = 1 ]; then
   run_tests 100 tests/attention/test_triton_paged.py tests/attention/test_engine_triton.py \
-      tests/engine/test_cuda_graphs.py -k "paged or engine_triton or sampled_trees or graphed_steps_equal_eager"
+      tests/engine/test_cuda_graphs.py tests/test_ddtree.py \
+      -k "paged or engine_triton or sampled_trees or graphed_steps_equal_eager or kernels_equals"
   timeout $(cap 60) python3 -c "import json; from bench.attn_calls import mask_cost; print(json.dumps(mask_cost()))" \
       2>&1 | tail -1 | tee "$OUT/mask_cost.json"
   timeout $(cap 120) python3 bench/graph_split.py --batches 1,16 --ddtree --output "$OUT/graph_split.json" \

@@ -68,11 +68,12 @@ def test_greedy_tree_walked_by_the_kernel_equals_plain(qwen3_dir, drafter):
     assert sum(o.metrics.accepted_tokens for o in outs) > 0
 
 
-def test_sampled_tree_verified_by_the_kernels_equals_the_reference(qwen3_dir, drafter):
-    """Sampled DDTree rows beside greedy ones, drafted (tree search, children draws) and verified
-    by CUDA's kernels (here under Triton's interpreter) and by the reference ops, with the same
-    engine seed: the same tokens, so the kernels inherit the reference's exact law
-    (tests/test_sampled_tree.py)."""
+@pytest.mark.parametrize("method", [{"spec": "ddtree", "budget": 8}, {"spec": "dflash", "sampled_trees": True}])
+def test_sampled_tree_verified_by_the_kernels_equals_the_reference(qwen3_dir, drafter, method):
+    """Sampled DDTree rows beside greedy ones (and DFlash's sampled trees beside greedy chains),
+    drafted (tree search, children draws) and verified by CUDA's kernels (here under Triton's
+    interpreter) and by the reference ops, with the same engine seed: the same tokens, so the
+    kernels inherit the reference's exact law (tests/test_sampled_tree.py)."""
     from blockspec.speculative import walk_kernel
     from blockspec.speculative.children_kernel import sample_children_triton
     from blockspec.speculative.sampled_tree import sample_children
@@ -82,8 +83,8 @@ def test_sampled_tree_verified_by_the_kernels_equals_the_reference(qwen3_dir, dr
               for t, p in ((0.0, 1.0), (1.0, 1.0), (0.7, 0.9), (1.0, 1.0), (0.0, 1.0), (1.3, 0.95))]
     outs = []
     for kernels in (False, True):
-        llm = LLM(model=qwen3_dir, spec="ddtree", draft_model=drafter, budget=8, spec_verify="rejection",
-                  spec_policy="static", seed=123, cuda_graph=False, device=DEVICE)
+        llm = LLM(model=qwen3_dir, draft_model=drafter, spec_verify="rejection", spec_policy="static", seed=123,
+                  cuda_graph=False, device=DEVICE, **method)
         step, proposer = llm.engine.spec_step, llm.engine.proposer
         # (A CUDA engine adopts the kernels itself: the reference arm puts the reference ops back.)
         step.greedy_walk, step.sampled_tree_verify = verify_tree_greedy, verify_sampled_tree

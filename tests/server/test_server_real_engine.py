@@ -178,13 +178,15 @@ def greedy_case(plain_server):
     return requests, run_sequentially(plain_server, requests)
 
 
-@pytest.mark.parametrize("spec", ["none", "ngram", "dflash"])
-def test_concurrent_requests_return_what_they_return_alone(spec, qwen3_dir, drafter_dir, plain_server,
+@pytest.mark.parametrize("spec, sampled_trees", [("none", False), ("ngram", False), ("dflash", False),
+                                                 ("dflash", True)])
+def test_concurrent_requests_return_what_they_return_alone(spec, sampled_trees, qwen3_dir, drafter_dir, plain_server,
                                                            greedy_case):
     greedy, greedy_alone = greedy_case
+    extra = {"sampled_trees": True} if sampled_trees else {}
     with contextlib.ExitStack() as stack:
         server = plain_server if spec == "none" else stack.enter_context(
-            real_server(qwen3_dir, drafter_dir, spec, max_running_requests=48))
+            real_server(qwen3_dir, drafter_dir, spec, max_running_requests=48, **extra))
         assert server.async_engine.spec_algorithm == spec
         # Seeded sampled requests too: their own random streams make them batch-independent,
         # and unlike this tiny model's greedy output they are far from repetitive.

@@ -46,6 +46,7 @@ class ChainAcceptance(AcceptanceModel):
         self._prior_list = self._prior.tolist()
         self._reads = np.array([w - 1 for w in self.widths])         # E[w] = S[w − 1], S[0] = 0
         self._counts = np.zeros(self._table.shape)                  # a request's observations per position
+        self._masks: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # ran width → `_masks_at`
 
     def _new_row(self) -> int:
         row = super()._new_row()
@@ -104,16 +105,22 @@ class ChainAcceptance(AcceptanceModel):
             self._observe_few(rows, path_nodes, [a if a < w - 1 else a - 1 for a, w in zip(map(len, path_nodes), ran)])
             return
         table, k = self._table, self._k
-        accepted = np.fromiter(map(len, path_nodes), np.int64, B)[:, None]                  # [B, 1]
-        ran = ran_width if isinstance(ran_width, int) else np.asarray(ran_width)[:, None]
-        took = k < accepted                                                                  # [B, P]
-        seen = took | ((k == accepted) & (accepted < ran - 1))
+        accepted = np.fromiter(map(len, path_nodes), np.int64, B)                            # [B]
+        if isinstance(ran_width, int):      # (the usual step: one width, its masks by accepted count)
+            took_of, seen_of = self._masks_at(ran_width)
+            took, seen = took_of[accepted], seen_of[accepted]                                # [B, P]
+        else:
+            accepted = accepted[:, None]
+            took = k < accepted
+            seen = took | ((k == accepted) & (accepted < np.asarray(ran_width)[:, None] - 1))
         classes = self._classes_of(rows)
         old, klass = table[idx], table[classes]
         counts = self._counts[idx] + seen
         self._counts[idx] = counts
         rate = np.maximum(self.alpha, 1.0 / (counts + 1.0))
-        new = np.where(seen, old + rate * (took - old), old + self.relax * (klass - old))
+        # Seen positions move by their rate towards took, the others by `relax` towards the
+        # class: one expression (the per-row rules' arithmetic, element for element).
+        new = old + np.where(seen, rate, self.relax) * (np.where(seen, took, klass) - old)
         if np.isnan(new.sum()):   # a rate never observed takes its first observation; one without a class rate stays
             new = np.where(seen, np.where(np.isnan(old), took, new), np.where(np.isnan(new), old, new))
         table[idx] = new
@@ -121,6 +128,16 @@ class ChainAcceptance(AcceptanceModel):
         for klass_row in (set(self._live) if of is None else set(of.tolist())):
             mine = slice(None) if of is None else of == klass_row
             self._observe_class(klass_row, took[mine].sum(0).tolist(), seen[mine].sum(0).tolist())
+
+    def _masks_at(self, ran_width: int) -> tuple[np.ndarray, np.ndarray]:
+        """`[P + 1, P]` bool, by accepted count a: the positions a step at `ran_width` accepted
+        (took) and observed (seen: the accepted ones, and the rejected a + 1 when a < W − 1)."""
+        masks = self._masks.get(ran_width)
+        if masks is None:
+            a = np.arange(len(self._k) + 1)[:, None]
+            took = self._k < a
+            masks = self._masks[ran_width] = (took, took | ((self._k == a) & (a < ran_width - 1)))
+        return masks
 
     def _observe_few(self, rows: list[int], path_nodes: list[list[int]], lasts: list[int]) -> None:
         """`_observe` a row at a time (few rows: numpy's per-call cost dominates there); `lasts`:

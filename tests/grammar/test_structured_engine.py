@@ -26,6 +26,7 @@ MODES = {
     "dflash-rejection": dict(spec="dflash", block_size=4, spec_verify="rejection"),
     "ddtree": dict(spec="ddtree", block_size=4, budget=8, topk=2),
     "ddtree-rejection": dict(spec="ddtree", block_size=4, budget=8, topk=2, spec_verify="rejection"),
+    "dflash-sampled-trees": dict(spec="dflash", block_size=4, sampled_trees=True),
 }
 
 
@@ -78,6 +79,18 @@ def test_greedy_speculative_equals_plain_under_a_schema(engines, plain, mode):
     # Sampled rows too: every output of the constrained distribution parses and validates.
     assert_valid(llm.generate(PROMPTS, [constrained(1.0, seed=i) for i in range(len(PROMPTS))]))
     assert llm.engine.allocator.num_used_pages == 0
+
+
+def test_greedy_rows_beside_sampled_trees_keep_plain_output_under_a_schema(engines, plain):
+    """DFlash with sampled trees: a constrained greedy row beside sampled rows drafts its plain
+    argmax chain (the grammar's guided chain is for all-greedy batches), cut by the grammar
+    where it must be: still plain's output."""
+    want = plain.generate(PROMPTS, constrained(0.0))
+    llm = engines("dflash-sampled-trees")
+    mixed = llm.generate(PROMPTS + PROMPTS, [constrained(0.0)] * len(PROMPTS)
+                         + [constrained(1.0, seed=i) for i in range(len(PROMPTS))])
+    assert [o.token_ids for o in mixed[:len(PROMPTS)]] == [o.token_ids for o in want]
+    assert_valid(mixed)
 
 
 def test_unconstrained_neighbours_are_unchanged(engines):

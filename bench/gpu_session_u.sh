@@ -37,4 +37,5 @@ else
     done
   done
 fi
+[ "${PART:-1}" = 2 ] && python3 bench/tree_vs_chain.py "$OUT" | tee "$OUT/tree_vs_chain.txt"
 echo "script seconds: $SECONDS"

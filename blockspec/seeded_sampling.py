@@ -168,27 +168,37 @@ def race_winners(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tenso
     return out
 
 
-def _support_noise(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor):
-    """(index tuple of the entries with p > 0, their E): the race's noise where it can matter,
-    the same bits as `race_noise` there. On a CPU a filtered row's support is a few hundred of
-    its V tokens, and hashing all V of every position was most of a seeded step's sampling."""
-    b, n, v = (probs > 0).nonzero(as_tuple=True)
-    s, t = _position_states(keys, positions)
-    return (b, n, v), _noise_at(s[b, n], t[b, n], v)
+# A chunk whose support is at most this share of its entries races on its support alone
+# (`race_winners_on_support`); a fuller one hashes every token (three index columns a positive
+# entry would cost more than the dense noise).
+SPARSE_SHARE = 0.25
 
 
 def race_winners_on_support(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """`race_winners` (the same tokens) from the noise of the tokens with p > 0 only: a token
-    with p = 0 scores 0 and never beats one with p > 0, and among equal scores the smallest
-    index wins, as argmax picks. A position with no positive p gets token 0, as argmax does."""
+    """`race_winners` (the same tokens), in row chunks of ≤ _CHUNK_ELEMENTS entries (as the
+    dense race), each from the noise of its tokens with p > 0 only when they are few
+    (SPARSE_SHARE): a token with p = 0 scores 0 and never beats one with p > 0, and among equal
+    scores the smallest index wins, as argmax picks. A position with no positive p gets token 0,
+    as argmax does."""
     B, N, V = probs.shape
-    (b, n, v), e = _support_noise(probs, keys, positions)
-    score = probs[b, n, v].float() / e
-    flat = b * N + n
-    best = torch.full((B * N,), -1.0, device=probs.device).scatter_reduce(0, flat, score, "amax")
-    first = torch.full((B * N,), V, dtype=torch.long, device=probs.device)
-    first = first.scatter_reduce(0, flat, torch.where(score == best[flat], v, V), "amin")
-    return torch.where(first == V, 0, first).view(B, N)
+    out = torch.empty(B, N, dtype=torch.long, device=probs.device)
+    step = max(1, _CHUNK_ELEMENTS // max(V * N, 1))
+    for r in range(0, B, step):
+        p, k, pos = probs[r:r + step], keys[r:r + step], positions[r:r + step]
+        positive = p > 0
+        if int(positive.sum()) > SPARSE_SHARE * positive.numel():
+            out[r:r + step] = race_winners(p, k, pos)
+            continue
+        rows = p.shape[0]
+        b, n, v = positive.nonzero(as_tuple=True)
+        s, t = _position_states(k, pos)
+        score = p[b, n, v].float() / _noise_at(s[b, n], t[b, n], v)
+        flat = b * N + n
+        best = torch.full((rows * N,), -1.0, device=probs.device).scatter_reduce(0, flat, score, "amax")
+        first = torch.full((rows * N,), V, dtype=torch.long, device=probs.device)
+        first = first.scatter_reduce(0, flat, torch.where(score == best[flat], v, V), "amin")
+        out[r:r + step] = torch.where(first == V, 0, first).view(rows, N)
+    return out
 
 
 def pin_seeded_rows(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor,
@@ -219,10 +229,14 @@ def race_scores(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor
     if use_kernel(probs, kernel):
         _launch(probs, out, keys, positions, scores=True)
         return out
-    rows = (keys != 0).nonzero()[:, 0]
-    if rows.numel():        # (−inf where p = 0 whatever the noise: only the support's is hashed)
-        (b, n, v), e = _support_noise(probs[rows], keys[rows], positions[rows])
-        out[rows[b], n, v] -= torch.log(e)
+    for r in (keys != 0).nonzero()[:, 0].tolist():
+        positive = probs[r] > 0
+        if int(positive.sum()) > SPARSE_SHARE * positive.numel():
+            out[r] -= torch.log(race_noise(keys[r:r + 1], positions[r:r + 1], probs.shape[-1]))[0]
+            continue
+        n, v = positive.nonzero(as_tuple=True)    # (−inf where p = 0 whatever the noise)
+        s, t = _position_states(keys[r:r + 1], positions[r:r + 1])
+        out[r, n, v] -= torch.log(_noise_at(s[0, n], t[0, n], v))
     return out
 
 

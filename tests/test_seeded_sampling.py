@@ -47,11 +47,16 @@ def test_kernel_equals_the_torch_reference(dtype, V):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_winners_from_the_support_equal_the_full_race(dtype):
-    """The CPU's race hashes only tokens with p > 0: the same winners as the whole vocabulary's
-    race, over full and filtered supports, one token, and a position with no mass (token 0)."""
+@pytest.mark.parametrize("support", ["filtered", "full"])
+def test_winners_from_the_support_equal_the_full_race(dtype, support, monkeypatch):
+    """The CPU's race hashes only tokens with p > 0 where they are few (`SPARSE_SHARE`), every
+    token elsewhere: the same winners as the whole vocabulary's race either way, over filtered
+    and full supports, one token, and a position with no mass (token 0)."""
     B, N, V = 6, 4, 500
     probs = _probs(B, N, V, dtype, seed=4)
+    if support == "filtered":                         # top-p-like supports: 20 tokens a position
+        cut = probs.float().topk(20, -1).values[..., -1:]
+        probs = torch.where(probs.float() >= cut, probs.float(), 0.0).to(dtype)
     probs[1, :, 40:] = 0.0
     probs[2, 1] = 0.0
     probs[2, 1, 321] = 1.0
@@ -59,7 +64,10 @@ def test_winners_from_the_support_equal_the_full_race(dtype):
     keys = torch.tensor([race_key(i) for i in range(1, B + 1)])
     positions = torch.arange(N)[None, :] + 17 * torch.arange(B)[:, None]
     expected = race_winners(probs, keys, positions)
+    dense_calls = []
+    monkeypatch.setattr(race, "race_winners", lambda *a: dense_calls.append(1) or race_winners(*a))
     assert torch.equal(race_winners_on_support(probs, keys, positions), expected)
+    assert bool(dense_calls) == (support == "full")  # the branch the support's size picks
     assert expected[2, 1] == 321 and expected[3, 2] == 0
     # The pin (torch path) and the scores' order use the support alone too.
     pinned = pin_seeded_rows(probs.clone(), keys, positions, kernel=False)

@@ -11,6 +11,9 @@
 #   trees for sampled ones) and DDTree-15 (`bench offline`, batch 1 and 16, T = 0 / 0.6 / 1 unseeded):
 #   whether sampled trees pay on the GPU where chains do (issue 16's default-server target waits on it:
 #   on the CPU --sampled-trees accepts 3.22 / 2.00 against the chain's 2.54 / 1.67 at T = 0.6 / 1).
+# PART=3 (≤ 6 min): `check temperature` against a GPU server with --sampled-trees and a default one
+#   (issue 16's target: accept length ≥ 2.0 at T = 1 on the default server), then `bench serve` T = 0.6
+#   and 1 at c = 1 / 16 against each (seeded, as check temperature sends).
 # Usage on the device machine, from the repo root:  PART=1 bash bench/gpu_session_u.sh
 set -uo pipefail
 source bench/device_prelude.sh
@@ -24,6 +27,23 @@ if [ "${PART:-1}" = 1 ]; then
       2>&1 | grep -v -i warn | tail -12
   kimi_slice_on_h200
   DEADLINE=$(( DEADLINE - SECONDS )) PART=3 bash bench/gpu_session_t.sh
+elif [ "${PART:-1}" = 3 ]; then
+  PORT=8040
+  for NAME in sampled_trees dflash; do
+    [ "$(left)" -lt 100 ] && { echo "skipped $NAME: $(left) s left"; continue; }
+    EXTRA=""; [ "$NAME" = sampled_trees ] && EXTRA="--sampled-trees"
+    start_server $NAME $PORT $EXTRA
+    echo "== $NAME: server up after ${SERVER_UP_S} s"
+    timeout $(cap 70) python3 -m blockspec.cli check temperature --url http://127.0.0.1:$PORT 2>&1 \
+        | tee "$OUT/check_temperature_$NAME.txt" | tail -12
+    timeout $(cap 80) python3 -m blockspec.cli bench serve --url http://127.0.0.1:$PORT --dataset sharegpt \
+        --num-prompts 24 --concurrency 1,16 --temperature 0.6,1.0 --max-tokens 128 --no-progress \
+        --output-dir /tmp/bench_serve_$NAME 2>&1 | grep -v -i "warn\|failed, e.g. HTTP 400" | tail -8
+    cp /tmp/bench_serve_$NAME/*.json "$OUT/" 2>/dev/null
+    kill $SERVER; wait $SERVER 2>/dev/null
+    grep -v "INFO:\|^$" "/tmp/server_$NAME.log" | cut -c1-300 | head -30 > "$OUT/server_log_$NAME.txt"
+    PORT=$(( PORT + 1 ))
+  done
 else
   for T in 0 0.6 1; do
     for SPEC in "dflash" "dflash --sampled-trees" "ddtree --budget 15"; do

@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from blockspec.engine.config import ATTENTION_BACKENDS, SPEC_ALGORITHMS, SPEC_POLICIES, SPEC_VERIFY_RULES, EngineConfig
+from blockspec.engine.config import (ATTENTION_BACKENDS, DRAFT_BLOCKS, SPEC_ALGORITHMS, SPEC_POLICIES, SPEC_VERIFY_RULES,
+                                     EngineConfig)
 from blockspec.models.loader import DTYPES
 
 ENGINE_GROUP_TITLE = "engine"
@@ -70,6 +71,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, model_required: boo
                    help="dflash: sampled requests draft a tree of the block's node count whose children are draws "
                         "from the drafter's q (recursive rejection sampling; seeded ones ranked by their race); "
                         "greedy requests keep the argmax chain")
+    g.add_argument("--draft-block", default=_engine_default("draft_block"), choices=DRAFT_BLOCKS,
+                   help="what a narrower verify width drafts: full (the whole block's drafts, cut: the GPU, where "
+                        "the drafter's cost hardly depends on the block), width (a block of that width: the CPU, "
+                        "where it grows with the block), auto (full on CUDA, width elsewhere)")
     g.add_argument("--spec-policy", default=_engine_default("spec_policy"), choices=SPEC_POLICIES,
                    help="adaptive: each step picks plain, a shorter chain or a smaller tree from measured step "
                         "cost and acceptance; static: always the full block / budget (docs/adaptive.md)")

@@ -32,6 +32,7 @@ EVERY_FLAG = {
     "--topk": ("4", "tree_topk", 4),
     "--spec-verify": ("rejection", "spec_verify", "rejection"),
     "--sampled-trees": (None, "sampled_trees", True),
+    "--draft-block": ("full", "draft_block", "full"),
     "--spec-policy": ("static", "spec_policy", "static"),
     "--max-running-requests": ("8", "max_running_requests", 8),
     "--kv-cache-tokens": ("4096", "kv_cache_tokens", 4096),

@@ -10,6 +10,7 @@ SPEC_ALGORITHMS = ("none", "ngram", "dflash", "ddtree")
 SPEC_VERIFY_RULES = ("auto", "target-only", "rejection")
 ATTENTION_BACKENDS = ("auto", "reference", "triton")
 SPEC_POLICIES = ("static", "adaptive")   # engine/spec_policy.py
+DRAFT_BLOCKS = ("auto", "full", "width")  # what a narrower verify width drafts (`DFlashProposer.propose`)
 
 
 @dataclass
@@ -26,6 +27,8 @@ class EngineConfig:
     sampled_trees: bool = False        # dflash: sampled requests draft trees whose children are draws from q
                                        # (greedy ones keep the chain; docs/verification.md)
     spec_policy: str = "adaptive"      # or "static": always the method's full block / budget (docs/adaptive.md)
+    draft_block: str = "auto"          # a narrower width's drafts: "full" (the whole block's, cut), "width" (a
+                                       # block of that width), "auto" (full on CUDA, width elsewhere)
     tree_topk: int | None = None
     max_running_requests: int = 64
     kv_cache_tokens: int | None = None
@@ -49,6 +52,8 @@ class EngineConfig:
             raise ValueError(f"spec must be one of {', '.join(SPEC_ALGORITHMS)}, got {self.spec!r}")
         if self.spec_policy not in SPEC_POLICIES:
             raise ValueError(f"spec_policy must be one of {', '.join(SPEC_POLICIES)}, got {self.spec_policy!r}")
+        if self.draft_block not in DRAFT_BLOCKS:
+            raise ValueError(f"draft_block must be one of {', '.join(DRAFT_BLOCKS)}, got {self.draft_block!r}")
         if self.spec_verify not in SPEC_VERIFY_RULES:
             raise ValueError(f"spec_verify must be one of {', '.join(SPEC_VERIFY_RULES)}, got {self.spec_verify!r}")
         if self.sampled_trees and self.spec != "dflash":

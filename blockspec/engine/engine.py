@@ -85,6 +85,13 @@ class Engine:
         if proposer is None and config.spec != "none":
             from blockspec.speculative.proposers import build_proposer
             self.proposer = build_proposer(config, self.model_config)
+        if hasattr(self.proposer, "width_blocks"):
+            # "auto": a block of the width off CUDA, where the drafter's cost grows with its block;
+            # the whole block on CUDA, where it hardly does and the longer block drafts better.
+            self.proposer.width_blocks = config.draft_block == "width" or (
+                config.draft_block == "auto" and self.device.type != "cuda")
+            log.info("narrower verify widths draft %s", "a block of their width" if self.proposer.width_blocks
+                     else "the whole block, cut")
         # Cache positions a decode step writes past the committed length: the verify width and
         # the drafter's block.
         lookahead = max(1 + self.proposer.max_nodes, self.proposer.block_size) if self.proposer else 1

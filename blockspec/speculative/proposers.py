@@ -229,6 +229,9 @@ class DFlashProposer(Proposer):
         self.max_nodes = tree_budget if tree_budget is not None else self.max_depth
         self.greedy_chains = sampled_trees
         self.builds_trees = tree_budget is not None or sampled_trees
+        # A narrower width drafts a block of its own width (the engine sets it: `draft_block`),
+        # or the whole block, cut.
+        self.width_blocks = False
         self.drafts_on_device = True
         self.build_tree = build_tree     # DDTree's search; on CUDA the same search as a kernel (attach)
         self.sample_children = sample_children   # a sampled tree's draws; on CUDA a kernel too (attach)
@@ -300,9 +303,18 @@ class DFlashProposer(Proposer):
         at `width` can use (a chain of w nodes drafts w − 1, a tree of budget w − 1 reaches no
         deeper): at narrow widths most of the drafter's head is skipped. The block is the same,
         so the drafts are the full pass's up to the head's rounding (a product over fewer rows
-        may round its last bit differently); any drafts verify exactly, so that is no matter."""
+        may round its last bit differently); any drafts verify exactly, so that is no matter.
+
+        With `width_blocks` the pass is over a block of only the depths used (root and depth
+        masks), as a static engine of that block size drafts: on a CPU the drafter's cost grows
+        with the block (a width-4 step of 4 rows cost 21.0 ms drafting the whole block of 16,
+        16.2 ms a block of 4, as the static block-4 engine does), where its drafts lose little
+        (bench/results/block_size_cpu: 2.56 accepted at block 4 against the block of 16 cut to
+        3 drafts' 2.58; 3.18 against 3.39 at 8)."""
         S, B = self.block_size, inputs.batch_size
         depth = self.max_depth if width is None else max(1, min(self.max_depth, width - 1))
+        if self.width_blocks:
+            S = depth + 1
         budget = None if not self.builds_trees else (
             self.max_nodes if width is None else max(1, min(self.max_nodes, width - 1)))
         if self.greedy_chains and inputs.all_greedy:

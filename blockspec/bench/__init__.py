@@ -15,7 +15,7 @@ PERCENTILES = (50, 90, 99)
 
 # EngineConfig fields that describe the speculative method: the plain twin leaves them out
 SPEC_ONLY_FIELDS = ("spec", "draft_model", "block_size", "tree_budget", "tree_topk", "spec_verify", "spec_policy",
-                    "sampled_trees")
+                    "sampled_trees", "draft_block")
 
 
 @dataclass

@@ -174,6 +174,17 @@ def race_winners(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tenso
 SPARSE_SHARE = 0.25
 
 
+def _support_noise(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor):
+    """(the entries with p > 0 as index columns, their E: `race_noise`'s bits there), or None
+    when they are more than SPARSE_SHARE of `probs [R, N, V]` (the dense race is then the cheaper)."""
+    positive = probs > 0
+    if int(positive.sum()) > SPARSE_SHARE * positive.numel():
+        return None
+    b, n, v = positive.nonzero(as_tuple=True)
+    s, t = _position_states(keys, positions)
+    return (b, n, v), _noise_at(s[b, n], t[b, n], v)
+
+
 def race_winners_on_support(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """`race_winners` (the same tokens), in row chunks of ≤ _CHUNK_ELEMENTS entries (as the
     dense race), each from the noise of its tokens with p > 0 only when they are few
@@ -185,14 +196,13 @@ def race_winners_on_support(probs: torch.Tensor, keys: torch.Tensor, positions: 
     step = max(1, _CHUNK_ELEMENTS // max(V * N, 1))
     for r in range(0, B, step):
         p, k, pos = probs[r:r + step], keys[r:r + step], positions[r:r + step]
-        positive = p > 0
-        if int(positive.sum()) > SPARSE_SHARE * positive.numel():
+        support = _support_noise(p, k, pos)
+        if support is None:
             out[r:r + step] = race_winners(p, k, pos)
             continue
         rows = p.shape[0]
-        b, n, v = positive.nonzero(as_tuple=True)
-        s, t = _position_states(k, pos)
-        score = p[b, n, v].float() / _noise_at(s[b, n], t[b, n], v)
+        (b, n, v), e = support
+        score = p[b, n, v].float() / e
         flat = b * N + n
         best = torch.full((rows * N,), -1.0, device=probs.device).scatter_reduce(0, flat, score, "amax")
         first = torch.full((rows * N,), V, dtype=torch.long, device=probs.device)
@@ -230,13 +240,12 @@ def race_scores(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor
         _launch(probs, out, keys, positions, scores=True)
         return out
     for r in (keys != 0).nonzero()[:, 0].tolist():
-        positive = probs[r] > 0
-        if int(positive.sum()) > SPARSE_SHARE * positive.numel():
+        support = _support_noise(probs[r:r + 1], keys[r:r + 1], positions[r:r + 1])
+        if support is None:
             out[r] -= torch.log(race_noise(keys[r:r + 1], positions[r:r + 1], probs.shape[-1]))[0]
             continue
-        n, v = positive.nonzero(as_tuple=True)    # (−inf where p = 0 whatever the noise)
-        s, t = _position_states(keys[r:r + 1], positions[r:r + 1])
-        out[r, n, v] -= torch.log(_noise_at(s[0, n], t[0, n], v))
+        (_, n, v), e = support                    # (−inf where p = 0 whatever the noise)
+        out[r, n, v] -= torch.log(e)
     return out
 
 

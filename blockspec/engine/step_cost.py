@@ -124,10 +124,7 @@ class StepCostModel:
             self._check(key[1], timings)
             seen = self._seen.get(key, 0)
             self._seen[key] = seen + len(timings)
-            kept = timings[max(self.discard - seen, 0):]
-            limit = self._stall_limits.get(key)
-            if limit is not None:
-                kept = [t for t in kept if not t > limit]
+            kept = [t for t in timings[max(self.discard - seen, 0):] if not self._stalled(key, t)]
             if kept:
                 self._keep(key, kept)
 
